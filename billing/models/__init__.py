@@ -1,0 +1,23 @@
+"""Billing models, one module per concept."""
+
+from billing.models.clocks import TestClock
+from billing.models.customers import Customer, Price
+from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
+from billing.models.ledger import LedgerEntry
+from billing.models.payments import PaymentAttempt
+from billing.models.runs import BillingAttempt, BillingRun
+from billing.models.subscriptions import Subscription
+
+__all__ = [
+    "BillingAttempt",
+    "BillingRun",
+    "Customer",
+    "Invoice",
+    "InvoiceCounter",
+    "InvoiceLineItem",
+    "LedgerEntry",
+    "PaymentAttempt",
+    "Price",
+    "Subscription",
+    "TestClock",
+]

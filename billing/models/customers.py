@@ -1,0 +1,68 @@
+"""Customers and prices."""
+
+from django.db import models
+
+from hardcount.ids import id_field
+from hardcount.models import TenantScoped
+
+
+class Customer(TenantScoped):
+    """A tenant's customer.
+
+    ``credit_balance`` is the ledger's running balance in minor units of ``currency``:
+    positive is credit owed to the customer (applied to the next invoices), negative is
+    an amount the customer owes (e.g. a below-minimum invoice carried forward, as Stripe
+    does). It changes only through ledger writes, which lock this row
+    (``SELECT … FOR UPDATE``). ``currency`` is fixed by the first ledger entry or
+    subscription.
+    """
+
+    id = id_field("customer")
+    email = models.EmailField(max_length=254)
+    name = models.CharField(max_length=200, blank=True, default="")
+    external_id = models.CharField(max_length=200, blank=True, default="")
+    # Stripe PaymentMethod id (pm_…) charged off-session for this customer's invoices.
+    default_payment_method = models.CharField(max_length=255, blank=True, default="")
+    # Stripe Customer id (cus_… at the gateway), created lazily on first charge.
+    gateway_customer_id = models.CharField(max_length=255, blank=True, default="")
+    credit_balance = models.BigIntegerField(default=0)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    test_clock = models.ForeignKey(
+        "billing.TestClock", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "livemode", "email"], name="customer_email_idx"),
+            models.Index(fields=["tenant", "livemode", "external_id"], name="customer_external_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} ({self.id})"
+
+
+class Price(TenantScoped):
+    """A recurring price: ``amount`` minor units of ``currency`` every ``interval_count`` ``interval``s."""
+
+    DAY, WEEK, MONTH, YEAR = "day", "week", "month", "year"
+    INTERVAL_CHOICES = [(DAY, DAY), (WEEK, WEEK), (MONTH, MONTH), (YEAR, YEAR)]
+
+    id = id_field("price")
+    nickname = models.CharField(max_length=200, blank=True, default="")
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    interval = models.CharField(max_length=8, choices=INTERVAL_CHOICES)
+    interval_count = models.PositiveIntegerField(default=1)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount__gte=0), name="price_amount_nonnegative"),
+            models.CheckConstraint(condition=models.Q(interval_count__gte=1), name="price_interval_count_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency} / {self.interval_count} {self.interval} ({self.id})"

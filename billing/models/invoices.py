@@ -1,0 +1,104 @@
+"""Invoices, their line items, and the per-tenant gapless invoice number counter."""
+
+from django.db import models
+from django.utils import timezone
+
+from hardcount.ids import id_field
+from hardcount.models import Tenant, TenantScoped
+
+
+class Invoice(TenantScoped):
+    """One invoice per (subscription, billing period).
+
+    The partial UNIQUE index ``invoice_one_per_period`` on ``(subscription_id,
+    period_start)`` excluding voided invoices is the hard guard against double billing,
+    whatever the application does. Amounts are minor units of ``currency``:
+    ``total = subtotal + tax``, ``amount_due = total - credit_applied`` (never
+    negative). Once finalised (``open``) an invoice's amounts are frozen; every charge
+    under its PaymentIntent uses ``amount_due``.
+    """
+
+    DRAFT, OPEN, PAID, VOID, UNCOLLECTIBLE = "draft", "open", "paid", "void", "uncollectible"
+    STATUS_CHOICES = [(s, s) for s in (DRAFT, OPEN, PAID, VOID, UNCOLLECTIBLE)]
+    TAX_NOT_APPLICABLE, TAX_CALCULATED, TAX_PENDING = "not_applicable", "calculated", "pending"
+    TAX_STATUS_CHOICES = [(s, s) for s in (TAX_NOT_APPLICABLE, TAX_CALCULATED, TAX_PENDING)]
+
+    id = id_field("invoice")
+    customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="invoices")
+    subscription = models.ForeignKey(
+        "billing.Subscription", null=True, blank=True, on_delete=models.PROTECT, related_name="invoices"
+    )
+    # Gapless per (tenant, mode), assigned when the invoice is finalised; null while draft.
+    number = models.CharField(max_length=32, null=True, blank=True)
+    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=DRAFT)
+    currency = models.CharField(max_length=3)
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+    subtotal = models.BigIntegerField(default=0)
+    tax = models.BigIntegerField(default=0)
+    tax_rate_bps = models.PositiveIntegerField(default=0)
+    tax_status = models.CharField(max_length=16, choices=TAX_STATUS_CHOICES, default=TAX_NOT_APPLICABLE)
+    credit_applied = models.BigIntegerField(default=0)
+    total = models.BigIntegerField(default=0)
+    amount_due = models.BigIntegerField(default=0)
+    amount_paid = models.BigIntegerField(default=0)
+    # Stripe PaymentIntent for this invoice: one per invoice, created under a key derived
+    # from the invoice id.
+    payment_intent_id = models.CharField(max_length=255, blank=True, default="")
+    attempt_count = models.PositiveIntegerField(default=0)
+    # The billing time the invoice was created at: the wall clock, or its test clock.
+    created_at = models.DateTimeField(default=timezone.now)
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    voided_at = models.DateTimeField(null=True, blank=True)
+    marked_uncollectible_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subscription", "period_start"],
+                condition=~models.Q(status="void"),
+                name="invoice_one_per_period",
+            ),
+            models.UniqueConstraint(fields=["tenant", "livemode", "number"], name="invoice_number_unique"),
+            models.CheckConstraint(condition=models.Q(amount_due__gte=0), name="invoice_amount_due_nonnegative"),
+            models.CheckConstraint(
+                condition=models.Q(total=models.F("subtotal") + models.F("tax")),
+                name="invoice_total_is_subtotal_plus_tax",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "livemode", "status"], name="invoice_status_idx"),
+            models.Index(
+                fields=["tax_status"], name="invoice_tax_pending_idx", condition=models.Q(tax_status="pending")
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.number or self.id
+
+
+class InvoiceLineItem(models.Model):
+    """One line of an invoice: ``amount`` minor units of the invoice's currency."""
+
+    id = id_field("line_item")
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    description = models.CharField(max_length=500)
+    price = models.ForeignKey("billing.Price", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    quantity = models.PositiveIntegerField(default=1)
+    amount = models.BigIntegerField()
+    currency = models.CharField(max_length=3)
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField()
+
+
+class InvoiceCounter(models.Model):
+    """The last invoice number issued per (tenant, mode). Incremented under a row lock in
+    the finalising transaction, so numbers are gapless."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    livemode = models.BooleanField()
+    last_number = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "livemode"], name="invoice_counter_unique")]

@@ -1,0 +1,84 @@
+"""Subscriptions and their billing-failure state."""
+
+from django.db import models
+
+from hardcount.ids import id_field
+from hardcount.models import TenantScoped
+
+
+class Subscription(TenantScoped):
+    """A customer's subscription to one price, billed in advance.
+
+    Billing periods are ``billing_cycle_anchor + n × interval`` (see
+    :mod:`billing.periods`); ``periods_billed`` is the n of the first period not yet
+    invoiced, whose start is ``next_billing_at``. The failure state (SPEC §4):
+    ``billing_failure_count`` failures in a row, the subscription waits until
+    ``next_billing_attempt_at``; ``billing_parked_at`` is set by the eighth failure and
+    only an operator's retry-billing clears it.
+    """
+
+    TRIALING, ACTIVE, PAST_DUE, UNPAID, CANCELED = "trialing", "active", "past_due", "unpaid", "canceled"
+    STATUS_CHOICES = [(s, s) for s in (TRIALING, ACTIVE, PAST_DUE, UNPAID, CANCELED)]
+    # Statuses the drain bills: a past_due subscription keeps being invoiced, as in Stripe.
+    BILLABLE_STATUSES = (TRIALING, ACTIVE, PAST_DUE)
+
+    id = id_field("subscription")
+    customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="subscriptions")
+    price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, related_name="subscriptions")
+    status = models.CharField(max_length=16, choices=STATUS_CHOICES)
+    billing_cycle_anchor = models.DateTimeField()
+    trial_end = models.DateTimeField(null=True, blank=True)
+    current_period_start = models.DateTimeField(null=True, blank=True)
+    current_period_end = models.DateTimeField(null=True, blank=True)
+    periods_billed = models.PositiveIntegerField(default=0)
+    next_billing_at = models.DateTimeField(null=True, blank=True)
+    test_clock = models.ForeignKey(
+        "billing.TestClock", null=True, blank=True, on_delete=models.PROTECT, related_name="subscriptions"
+    )
+    cancel_at_period_end = models.BooleanField(default=False)
+    canceled_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    billing_failure_count = models.PositiveSmallIntegerField(default=0)
+    next_billing_attempt_at = models.DateTimeField(null=True, blank=True)
+    billing_parked_at = models.DateTimeField(null=True, blank=True)
+    last_billing_error = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # The due scan: wall-clock subscriptions, not parked, in a billable status.
+            models.Index(
+                fields=["livemode", "next_billing_at"],
+                name="subscription_due_idx",
+                condition=models.Q(
+                    billing_parked_at__isnull=True,
+                    test_clock__isnull=True,
+                    status__in=["trialing", "active", "past_due"],
+                ),
+            ),
+            models.Index(fields=["tenant", "livemode", "status"], name="subscription_status_idx"),
+            models.Index(
+                fields=["next_billing_attempt_at"],
+                name="subscription_waiting_idx",
+                condition=models.Q(next_billing_attempt_at__isnull=False),
+            ),
+            models.Index(
+                fields=["billing_parked_at"],
+                name="subscription_parked_idx",
+                condition=models.Q(billing_parked_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def billing_state(self) -> str:
+        """``parked``, ``waiting`` (a failure is pending its ladder step) or ``ok``."""
+        if self.billing_parked_at is not None:
+            return "parked"
+        if self.next_billing_attempt_at is not None:
+            return "waiting"
+        return "ok"

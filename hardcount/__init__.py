@@ -1,0 +1,1 @@
+"""Hardcount: subscription billing on Django and PostgreSQL (cross-cutting project package)."""

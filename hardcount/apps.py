@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HardcountConfig(AppConfig):
+    name = "hardcount"
+    default_auto_field = "django.db.models.BigAutoField"

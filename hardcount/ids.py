@@ -1,0 +1,76 @@
+"""Prefixed, time-ordered object ids (``cus_…``, ``sub_…``, ``in_…``).
+
+An id is ``<prefix>_`` followed by 26 Crockford base32 characters: 48 bits of
+milliseconds since the epoch, then 80 random bits (the ULID layout). Ids of one type
+therefore sort by creation time, which is what list pagination (``starting_after``)
+orders by, and they never reveal a row count.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from django.utils.deconstruct import deconstructible
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+PREFIXES = {
+    "tenant": "ten",
+    "api_key": "key",
+    "customer": "cus",
+    "price": "price",
+    "subscription": "sub",
+    "invoice": "in",
+    "line_item": "il",
+    "payment_attempt": "pa",
+    "ledger_entry": "cbtxn",
+    "test_clock": "clock",
+    "billing_run": "brun",
+    "billing_attempt": "batt",
+    "event": "evt",
+    "webhook_endpoint": "we",
+    "delivery": "whd",
+    "delivery_attempt": "wha",
+    "dunning_run": "dun",
+}
+
+
+def _encode(value: int, length: int) -> str:
+    chars = []
+    for _ in range(length):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_id(prefix: str) -> str:
+    """Return a fresh id ``<prefix>_<26 chars>``, sortable by creation millisecond."""
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    rand = secrets.randbits(80)
+    return f"{prefix}_{_encode((ms << 80) | rand, 26)}"
+
+
+@deconstructible
+class IdFactory:
+    """A picklable, migration-serialisable default for a prefixed id field."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __call__(self) -> str:
+        return new_id(self.prefix)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IdFactory) and other.prefix == self.prefix
+
+    def __hash__(self) -> int:
+        return hash(self.prefix)
+
+
+def id_field(kind: str):
+    """A ``CharField`` primary key defaulting to a new id with ``PREFIXES[kind]``."""
+    from django.db import models
+
+    prefix = PREFIXES[kind]
+    return models.CharField(primary_key=True, max_length=40, default=IdFactory(prefix), editable=False)

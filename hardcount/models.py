@@ -1,0 +1,87 @@
+"""Tenants, API keys, idempotency records, and the tenant-scoped base every domain row uses."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+
+from hardcount.ids import id_field
+
+LIVE_KEY_PREFIX = "hc_live_"
+TEST_KEY_PREFIX = "hc_test_"
+
+
+class Tenant(models.Model):
+    """A company billing its own customers through Hardcount."""
+
+    id = id_field("tenant")
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+def hash_api_key(secret: str) -> str:
+    """SHA-256 hex of a full API key. Keys carry 192 random bits, so no slow hash is needed."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """A tenant's secret key. Only its hash is stored; the key's prefix decides the mode.
+
+    ``hc_test_…`` keys see test-mode rows only, ``hc_live_…`` keys live-mode rows only.
+    """
+
+    id = id_field("api_key")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    livemode = models.BooleanField()
+    key_hash = models.CharField(max_length=64, unique=True)
+    # First characters of the key, shown to operators so they can tell keys apart.
+    key_hint = models.CharField(max_length=24)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key_hint}… ({'live' if self.livemode else 'test'})"
+
+    @classmethod
+    def issue(cls, tenant: Tenant, *, livemode: bool) -> tuple[ApiKey, str]:
+        """Create a key for ``tenant``; returns ``(row, secret)``. The secret is never stored."""
+        prefix = LIVE_KEY_PREFIX if livemode else TEST_KEY_PREFIX
+        secret = prefix + secrets.token_urlsafe(24)
+        row = cls.objects.create(tenant=tenant, livemode=livemode, key_hash=hash_api_key(secret), key_hint=secret[:14])
+        return row, secret
+
+
+class TenantScoped(models.Model):
+    """Abstract base: every domain row belongs to exactly one tenant and one mode."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    livemode = models.BooleanField()
+
+    class Meta:
+        abstract = True
+
+
+class IdempotencyRecord(models.Model):
+    """The first response to a POST carrying an ``Idempotency-Key`` header.
+
+    Keyed by (tenant, mode, key). A replay with the same request fingerprint returns the
+    stored response; a different fingerprint under the same key is a 422.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    livemode = models.BooleanField()
+    key = models.CharField(max_length=255)
+    request_fingerprint = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "livemode", "key"], name="idempotency_record_unique_key")
+        ]

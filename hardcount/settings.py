@@ -1,0 +1,210 @@
+"""Django settings for Hardcount, read from the environment.
+
+Environment variables (all optional in development):
+
+- ``DATABASE_URL``: ``postgresql://user:pass@host:port/name``. Unset: an embedded
+  PostgreSQL (``pgserver``) under ``var/`` is started or reused.
+- ``SECRET_KEY``: Django's secret key (a fixed development key when unset).
+- ``STRIPE_API_KEY`` / ``STRIPE_API_BASE``: the gateway; point the base at
+  ``localstripe`` in development and tests.
+- ``HARDCOUNT_*``: the service's own knobs, each listed below with its default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("HARDCOUNT_VAR_DIR", BASE_DIR / "var"))
+
+
+def _env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "hardcount-development-key-not-for-production")
+DEBUG = _env_bool("HARDCOUNT_DEBUG", False)
+ALLOWED_HOSTS = [h for h in os.environ.get("HARDCOUNT_ALLOWED_HOSTS", "*").split(",") if h]
+
+INSTALLED_APPS = [
+    "django_prometheus",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "hardcount",
+    "leases",
+    "billing",
+    "dunning",
+    "outbox",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "hardcount.middleware.BodySizeLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "hardcount.urls"
+WSGI_APPLICATION = "hardcount.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_url(url: str) -> dict:
+    parts = urlparse(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise RuntimeError(f"DATABASE_URL must be a PostgreSQL URL, got scheme {parts.scheme!r}")
+    query = dict(q.split("=", 1) for q in parts.query.split("&") if "=" in q)
+    return {
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": query.pop("host", parts.hostname or ""),
+        "PORT": str(parts.port or ""),
+        "OPTIONS": query,
+    }
+
+
+def _database() -> dict:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        db = _database_from_url(url)
+    else:
+        from hardcount.embedded_db import embedded_connection
+
+        conn = embedded_connection(VAR_DIR / "pgdata")
+        db = {
+            "NAME": conn["name"],
+            "USER": conn["user"],
+            "PASSWORD": "",
+            "HOST": conn["host"],
+            "PORT": conn["port"],
+            "OPTIONS": {},
+        }
+    db["ENGINE"] = "django_prometheus.db.backends.postgresql"
+    # Every session speaks UTC; due-time decisions use the database's now() regardless.
+    db["TIME_ZONE"] = None
+    db["CONN_MAX_AGE"] = _env_int("HARDCOUNT_CONN_MAX_AGE", 60)
+    db["CONN_HEALTH_CHECKS"] = True
+    db["TEST"] = {"NAME": os.environ.get("HARDCOUNT_TEST_DB", "test_hardcount")}
+    return db
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Operators' console: session security on.
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = 8 * 3600
+SESSION_COOKIE_SECURE = _env_bool("HARDCOUNT_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+
+# Request bodies above this many bytes are refused with 413 before any parsing.
+HARDCOUNT_MAX_BODY_BYTES = _env_int("HARDCOUNT_MAX_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = HARDCOUNT_MAX_BODY_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["hardcount.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "hardcount.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Hardcount API",
+    "DESCRIPTION": "Subscription billing: customers, prices, subscriptions, invoices, "
+    "billing runs, test clocks, webhooks.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Gateway (Stripe). STRIPE_API_BASE points the real stripe library at localstripe in
+# development and tests.
+STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_hardcount_localstripe")
+STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
+HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
+
+# Billing.
+HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)
+HARDCOUNT_BILLING_PAGE_SIZE = _env_int("HARDCOUNT_BILLING_PAGE_SIZE", 100)
+HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
+HARDCOUNT_TAX_PROVIDER = os.environ.get("HARDCOUNT_TAX_PROVIDER", "billing.tax.TableRateTaxProvider")
+
+# Dunning.
+HARDCOUNT_DUNNING_INTERVAL_S = _env_float("HARDCOUNT_DUNNING_INTERVAL_S", 60)
+
+# Leader leases (SPEC §3).
+HARDCOUNT_LEASE_TTL_S = _env_float("HARDCOUNT_LEASE_TTL_S", 10)
+HARDCOUNT_LEASE_HEARTBEAT_S = _env_float("HARDCOUNT_LEASE_HEARTBEAT_S", 3)
+HARDCOUNT_LEASE_ABANDON_S = _env_float("HARDCOUNT_LEASE_ABANDON_S", 6)
+HARDCOUNT_RUN_SCHEDULER = _env_bool("HARDCOUNT_RUN_SCHEDULER", False)
+
+# Outbox.
+HARDCOUNT_OUTBOX_WORKERS = _env_int("HARDCOUNT_OUTBOX_WORKERS", 8)
+HARDCOUNT_DELIVERY_TIMEOUT_S = _env_float("HARDCOUNT_DELIVERY_TIMEOUT_S", 10.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("HARDCOUNT_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
