@@ -1,0 +1,124 @@
+"""The public JSON shape of billing objects, shared by API responses and event data.
+
+Plain functions rather than serializers so the drain can build event payloads cheaply.
+Times are ISO 8601 UTC with ``Z``; money is integer minor units beside its currency.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def iso(value: datetime | None) -> str | None:
+    """``2027-01-31T09:30:00Z`` for an aware datetime (converted to UTC), None for None."""
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def customer_data(c) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "object": "customer",
+        "livemode": c.livemode,
+        "email": c.email,
+        "name": c.name,
+        "external_id": c.external_id,
+        "default_payment_method": c.default_payment_method or None,
+        "credit_balance": c.credit_balance,
+        "currency": c.currency or None,
+        "test_clock": c.test_clock_id,
+        "metadata": c.metadata,
+        "created": iso(c.created_at),
+    }
+
+
+def price_data(p) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "object": "price",
+        "livemode": p.livemode,
+        "nickname": p.nickname,
+        "amount": p.amount,
+        "currency": p.currency,
+        "interval": p.interval,
+        "interval_count": p.interval_count,
+        "active": p.active,
+        "created": iso(p.created_at),
+    }
+
+
+def subscription_data(s) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "object": "subscription",
+        "livemode": s.livemode,
+        "customer": s.customer_id,
+        "price": s.price_id,
+        "status": s.status,
+        "billing_cycle_anchor": iso(s.billing_cycle_anchor),
+        "trial_end": iso(s.trial_end),
+        "current_period_start": iso(s.current_period_start),
+        "current_period_end": iso(s.current_period_end),
+        "next_billing_at": iso(s.next_billing_at),
+        "test_clock": s.test_clock_id,
+        "cancel_at_period_end": s.cancel_at_period_end,
+        "canceled_at": iso(s.canceled_at),
+        "ended_at": iso(s.ended_at),
+        "billing_state": s.billing_state,
+        "billing_failure_count": s.billing_failure_count,
+        "next_billing_attempt_at": iso(s.next_billing_attempt_at),
+        "billing_parked_at": iso(s.billing_parked_at),
+        "last_billing_error": s.last_billing_error or None,
+        "metadata": s.metadata,
+        "created": iso(s.created_at),
+    }
+
+
+def line_item_data(line) -> dict[str, Any]:
+    return {
+        "id": line.id,
+        "object": "line_item",
+        "description": line.description,
+        "price": line.price_id,
+        "quantity": line.quantity,
+        "amount": line.amount,
+        "currency": line.currency,
+        "period_start": iso(line.period_start),
+        "period_end": iso(line.period_end),
+    }
+
+
+def invoice_data(inv, lines=None) -> dict[str, Any]:
+    """Invoice shape; ``lines`` may be passed to avoid a query (defaults to ``inv.lines.all()``)."""
+    if lines is None:
+        lines = list(inv.lines.all())
+    return {
+        "id": inv.id,
+        "object": "invoice",
+        "livemode": inv.livemode,
+        "number": inv.number,
+        "customer": inv.customer_id,
+        "subscription": inv.subscription_id,
+        "status": inv.status,
+        "currency": inv.currency,
+        "period_start": iso(inv.period_start),
+        "period_end": iso(inv.period_end),
+        "lines": [line_item_data(line) for line in lines],
+        "subtotal": inv.subtotal,
+        "tax": inv.tax,
+        "tax_rate_bps": inv.tax_rate_bps,
+        "tax_status": inv.tax_status,
+        "credit_applied": inv.credit_applied,
+        "total": inv.total,
+        "amount_due": inv.amount_due,
+        "amount_paid": inv.amount_paid,
+        "payment_intent": inv.payment_intent_id or None,
+        "attempt_count": inv.attempt_count,
+        "created": iso(inv.created_at),
+        "finalized_at": iso(inv.finalized_at),
+        "paid_at": iso(inv.paid_at),
+        "voided_at": iso(inv.voided_at),
+        "marked_uncollectible_at": iso(inv.marked_uncollectible_at),
+    }
