@@ -9,8 +9,10 @@ unique indexes and the database's ``now()``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 logging.getLogger("pgserver").setLevel(logging.WARNING)
@@ -28,7 +30,7 @@ def embedded_connection(data_dir: Path) -> dict[str, str]:
     Returns a dict with ``host`` (the Unix socket directory), ``port``, ``user`` and
     ``name``; the ``hardcount`` database is created on first use.
     """
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent / "run"))
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir(data_dir)))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
     import pgserver  # imported late: only the embedded path needs it
 
@@ -46,6 +48,27 @@ def embedded_connection(data_dir: Path) -> dict[str, str]:
         "user": "postgres",
         "name": DATABASE_NAME,
     }
+
+
+# A Unix socket path holds at most 107 bytes on Linux (sun_path is 108 with its NUL).
+_MAX_SOCKET_PATH = 107
+
+
+def _runtime_dir(data_dir: Path) -> Path:
+    """The runtime directory pgserver uses for its lock file and its fallback socket directory.
+
+    pgserver puts the socket in ``data_dir`` when that path is short enough, else in
+    ``<runtime>/python_PostgresServer/<10 hex>/``. That is ``var/run`` beside the data, unless
+    the clone sits so deep that even this path is too long for a socket: then a short
+    directory in the system temp dir, named by a hash of ``data_dir`` so two clones never share it.
+    """
+    data_dir = data_dir.expanduser().resolve()
+    preferred = data_dir.parent / "run"
+    fallback_socket = preferred / "python_PostgresServer" / ("0" * 10) / ".s.PGSQL.5432"
+    if len(os.fsencode(fallback_socket)) <= _MAX_SOCKET_PATH:
+        return preferred
+    digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"hardcount-{digest}"
 
 
 def _apply_server_settings(server) -> bool:
