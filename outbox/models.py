@@ -73,6 +73,8 @@ class Delivery(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Set on a delivery created by an operator's replay: the delivery it repeats.
+    replay_of = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
 
     class Meta:
         verbose_name_plural = "deliveries"
@@ -82,15 +84,31 @@ class Delivery(models.Model):
                 name="delivery_due_idx",
                 condition=models.Q(status__in=["pending", "retrying"]),
             ),
+            # The reaper's scan: claimed rows of the queue, by lease expiry.
+            models.Index(
+                fields=["claim_expires_at"],
+                name="delivery_claimed_idx",
+                condition=models.Q(status__in=["pending", "retrying"], claim_expires_at__isnull=False),
+            ),
         ]
 
 
 class DeliveryAttempt(models.Model):
-    """Evidence of one HTTP attempt of a delivery (number 1..8)."""
+    """Evidence of one HTTP attempt of a delivery (number 1..8, one row per number).
+
+    ``outcome``: ``succeeded`` (2xx), ``failed`` (a permanent refusal), ``retryable`` (5xx,
+    408/409/425/429, timeout, connection error), ``lease_lost`` (the executor holding the
+    claim stopped reporting: the request may or may not have reached the receiver), or
+    ``canceled`` (the executor shut down mid-request).
+    """
+
+    SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
+    OUTCOME_CHOICES = [(o, o) for o in (SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED)]
 
     id = id_field("delivery_attempt")
     delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows")
     number = models.PositiveSmallIntegerField()
+    outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES, default=RETRYABLE)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
@@ -103,4 +121,5 @@ class DeliveryAttempt(models.Model):
             models.CheckConstraint(
                 condition=models.Q(number__gte=1, number__lte=8), name="delivery_attempt_number_1_to_8"
             ),
+            models.UniqueConstraint(fields=["delivery", "number"], name="delivery_attempt_one_per_number"),
         ]

@@ -1,0 +1,226 @@
+"""The delivery claim queue in SQL: every statement the executor and the reaper run.
+
+Each statement is named for what it does and commented with the guarantee it gives.
+Parameters are psycopg named placeholders. All times come from PostgreSQL's ``now()``
+(one clock authority, SPEC §3): the executor never compares its own clock to a row.
+
+The lease on a delivery is the pair ``claimed_by`` (unique per claim: the executor's id
+plus a random suffix, so a replica that reclaims its own expired claim holds a *new*
+claim) and ``claim_expires_at``. A claim is ours while both still match: every write
+after the claim carries ``claimed_by = %(claim)s AND claim_expires_at > now()``, so once a
+lease has expired (and whether or not anyone has reclaimed it) the late writer's result is
+refused by the database and discarded.
+
+Attempt accounting: the claim spends the attempt (``attempts + 1``, clamped to 8) before
+the request is sent, so an executor killed mid-request has still used it and no delivery
+is ever sent more than 8 times. A defer or a release (no request made) hands it back.
+"""
+
+MAX_ATTEMPTS = 8
+
+# CLAIM_DUE: take up to %(limit)s due deliveries (the caller passes its idle workers).
+# SKIP LOCKED lets executors in every replica claim side by side without waiting for or
+# double-claiming a row; a row whose lease expired is claimable again by anyone, its own
+# replica included. The row's previous claim and attempt count come back so the caller
+# records evidence for an attempt whose executor vanished. Everything the send needs
+# (event, endpoint, circuit state) comes back in the same round trip.
+CLAIM_DUE = """
+WITH due AS (
+    SELECT d.id, d.claimed_by AS lost_claim, d.attempts AS prev_attempts
+    FROM outbox_delivery d
+    WHERE d.status IN ('pending', 'retrying')
+      AND d.fire_after <= now()
+      AND (d.claim_expires_at IS NULL OR d.claim_expires_at < now())
+    ORDER BY d.fire_after
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE outbox_delivery d
+    SET claimed_by = %(executor)s || '/' || gen_random_uuid()::text,
+        claim_expires_at = now() + make_interval(secs => %(lease_s)s),
+        attempts = LEAST(d.attempts + 1, 8)
+    FROM due
+    WHERE d.id = due.id
+    RETURNING d.id, d.claimed_by, d.attempts, due.prev_attempts, due.lost_claim, d.event_id, d.endpoint_id
+)
+SELECT c.id, c.claimed_by, c.attempts, c.prev_attempts, c.lost_claim,
+       e.id AS event_id, e.type AS event_type, e.data AS event_data, e.created_at AS event_created_at,
+       e.livemode, e.sequence,
+       w.id AS endpoint_id, w.url, w.secret,
+       (w.enabled AND w.deleted_at IS NULL) AS endpoint_active,
+       CASE WHEN w.circuit_open_until IS NULL THEN 'closed'
+            WHEN w.circuit_open_until > now() THEN 'open'
+            ELSE 'half_open' END AS circuit
+FROM claimed c
+JOIN outbox_event e ON e.id = c.event_id
+JOIN outbox_webhookendpoint w ON w.id = c.endpoint_id
+"""
+
+# RENEW_CLAIMS: extend the leases of requests still in flight. Only an unexpired claim
+# that is still ours is extended: an expired lease is never resurrected, because another
+# executor may already have reclaimed it. Claims not returned are lost.
+RENEW_CLAIMS = """
+UPDATE outbox_delivery
+SET claim_expires_at = now() + make_interval(secs => %(lease_s)s)
+WHERE claimed_by = ANY(%(claims)s)
+  AND claim_expires_at > now()
+  AND status IN ('pending', 'retrying')
+RETURNING claimed_by
+"""
+
+# RECORD_SUCCEEDED: terminal. Predicated on the claim still being ours, so a delivery is
+# recorded as succeeded by one executor at most: a deposed claimant's write matches no row.
+RECORD_SUCCEEDED = """
+UPDATE outbox_delivery
+SET status = 'succeeded', claimed_by = NULL, claim_expires_at = NULL, last_error = '', completed_at = now()
+WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
+RETURNING id
+"""
+
+# RECORD_FAILED: terminal (permanent refusal, or the last attempt failed). Same predicate.
+# ``attempts`` is passed so a failure that made no request (endpoint disabled, attempts
+# already spent by a vanished executor) hands the claim's attempt back.
+RECORD_FAILED = """
+UPDATE outbox_delivery
+SET status = 'failed', attempts = %(attempts)s, claimed_by = NULL, claim_expires_at = NULL,
+    last_error = %(error)s, completed_at = now()
+WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
+RETURNING id
+"""
+
+# RECORD_RETRY: a retryable failure; the row goes back to the queue after %(delay_s)s
+# (backoff with jitter, computed by the caller) and its claim is dropped. Same predicate.
+RECORD_RETRY = """
+UPDATE outbox_delivery
+SET status = 'retrying', claimed_by = NULL, claim_expires_at = NULL, last_error = %(error)s,
+    fire_after = now() + make_interval(secs => %(delay_s)s)
+WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
+RETURNING id
+"""
+
+# DEFER: the endpoint's circuit is open; no request is made, so the attempt is handed back
+# (``attempts`` = the count before the claim) and the row waits until the circuit's
+# cool-down ends (plus jitter so a reopened endpoint is not hit by its whole backlog at
+# once). Same predicate.
+DEFER = """
+UPDATE outbox_delivery d
+SET attempts = %(attempts)s, claimed_by = NULL, claim_expires_at = NULL,
+    fire_after = GREATEST(now(), (SELECT w.circuit_open_until FROM outbox_webhookendpoint w
+                                   WHERE w.id = d.endpoint_id))
+                 + make_interval(secs => %(jitter_s)s)
+WHERE d.id = %(id)s AND d.claimed_by = %(claim)s AND d.claim_expires_at > now()
+RETURNING d.id
+"""
+
+# RELEASE: the executor is stopping before it made the request: hand the row and its
+# attempt back, due at once. Same predicate.
+RELEASE = """
+UPDATE outbox_delivery
+SET attempts = %(attempts)s, claimed_by = NULL, claim_expires_at = NULL
+WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
+RETURNING id
+"""
+
+# FORCE_FAILED: the minimal write when a delivery's terminal transaction failed (SPEC §6):
+# nothing but the status, the error and the claim, still only while the claim is ours.
+# If even this fails, the lease expires and the reaper re-queues the row (at least once).
+FORCE_FAILED = """
+UPDATE outbox_delivery
+SET status = 'failed', claimed_by = NULL, claim_expires_at = NULL, last_error = %(error)s, completed_at = now()
+WHERE id = %(id)s AND claimed_by = %(claim)s
+RETURNING id
+"""
+
+# INSERT_ATTEMPT: the evidence row of one attempt. (delivery, number) is unique, so an
+# attempt is recorded once; ON CONFLICT keeps a duplicate from failing the transaction.
+INSERT_ATTEMPT = """
+INSERT INTO outbox_deliveryattempt
+    (id, delivery_id, number, outcome, status_code, latency_ms, error, response_excerpt, executor, created_at)
+VALUES (%(attempt_id)s, %(delivery_id)s, %(number)s, %(outcome)s, %(status_code)s, %(latency_ms)s,
+        %(error)s, %(response_excerpt)s, %(executor)s, now())
+ON CONFLICT (delivery_id, number) DO NOTHING
+"""
+
+# REAP_EXPIRED_CLAIMS: re-queue every delivery whose lease expired (its executor died or
+# stalled), in one UPDATE. The inner SELECT locks with SKIP LOCKED, so a row being renewed
+# or finished right now is left alone, and the UPDATE re-checks the expiry on the row it
+# writes, so a lease renewed in between is never reaped. The expired attempt stays spent
+# (the request may have been sent); one that was the 8th fails the delivery. Returns the
+# previous claim and attempt number so the caller records the lost attempt's evidence.
+REAP_EXPIRED_CLAIMS = """
+UPDATE outbox_delivery d
+SET claimed_by = NULL,
+    claim_expires_at = NULL,
+    status = CASE WHEN d.attempts >= 8 THEN 'failed' ELSE 'retrying' END,
+    completed_at = CASE WHEN d.attempts >= 8 THEN now() ELSE NULL END,
+    last_error = 'lease expired: executor ' || old.claimed_by || ' stopped reporting during attempt '
+                 || d.attempts::text
+FROM (
+    SELECT id, claimed_by, attempts
+    FROM outbox_delivery
+    WHERE status IN ('pending', 'retrying') AND claim_expires_at < now()
+    ORDER BY claim_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) old
+WHERE d.id = old.id AND d.claim_expires_at < now()
+RETURNING d.id, old.claimed_by AS lost_claim, old.attempts AS prev_attempts, d.status
+"""
+
+# ENDPOINT_SUCCEEDED: close the circuit after a healthy answer. Written only when there is
+# something to reset, so the steady state of a healthy endpoint costs no row lock on it.
+# Returns whether the circuit had been open (the caller then pulls its deferred backlog in).
+ENDPOINT_SUCCEEDED = """
+UPDATE outbox_webhookendpoint
+SET consecutive_failures = 0, circuit_open_until = NULL
+WHERE id = %(endpoint_id)s AND (consecutive_failures <> 0 OR circuit_open_until IS NOT NULL)
+RETURNING id
+"""
+
+# ENDPOINT_FAILED: count a failure; at %(threshold)s consecutive failures the circuit opens
+# for a cool-down that doubles with every further failure (base %(base_s)s, at most
+# %(max_s)s). A failed half-open probe therefore reopens it for longer.
+ENDPOINT_FAILED = """
+UPDATE outbox_webhookendpoint
+SET consecutive_failures = consecutive_failures + 1,
+    circuit_open_until = CASE
+        WHEN consecutive_failures + 1 >= %(threshold)s THEN now() + make_interval(secs => LEAST(
+            %(base_s)s * power(2, LEAST(consecutive_failures + 1 - %(threshold)s, 20)), %(max_s)s))
+        ELSE circuit_open_until END
+WHERE id = %(endpoint_id)s
+RETURNING consecutive_failures, circuit_open_until
+"""
+
+# ENDPOINT_DISABLE: the receiver answered 410 Gone: stop sending to it (Stripe's rule).
+ENDPOINT_DISABLE = """
+UPDATE outbox_webhookendpoint
+SET enabled = false, disabled_reason = %(reason)s
+WHERE id = %(endpoint_id)s
+"""
+
+# TAKE_PROBE: the circuit's cool-down is over (half-open): one delivery, in any replica,
+# wins the right to probe the endpoint, by pushing the cool-down on for the probe's lease.
+# Everyone else sees the circuit open again and defers. If the prober dies, the window
+# ends with its lease and another probe is allowed.
+TAKE_PROBE = """
+UPDATE outbox_webhookendpoint
+SET circuit_open_until = now() + make_interval(secs => %(probe_s)s)
+WHERE id = %(endpoint_id)s AND circuit_open_until IS NOT NULL AND circuit_open_until <= now()
+RETURNING id
+"""
+
+# PULL_IN_DEFERRED: after a successful probe closed the circuit, deliveries deferred
+# behind it become due now instead of at their deferral time. Unclaimed rows only.
+PULL_IN_DEFERRED = """
+UPDATE outbox_delivery
+SET fire_after = now()
+WHERE endpoint_id = %(endpoint_id)s AND status IN ('pending', 'retrying')
+  AND fire_after > now() AND claimed_by IS NULL
+"""
+
+# DUE_BACKLOG: deliveries due now and not held by a live claim (the backlog metric).
+DUE_BACKLOG = """
+SELECT count(*) FROM outbox_delivery
+WHERE status IN ('pending', 'retrying') AND fire_after <= now()
+  AND (claim_expires_at IS NULL OR claim_expires_at < now())
+"""
