@@ -1,0 +1,392 @@
+"""The development stack's moving parts: localstripe, gunicorn, and a webhook receiver.
+
+``python manage.py serve`` (and so ``make run``) uses these to run Hardcount on one
+machine with nothing but Python. Nothing here imports Django, so the localstripe child
+process does not load the settings (which would start the embedded database).
+
+- :class:`ChildProcess` starts a child in its own process group (a terminal's Ctrl-C reaches
+  only ``serve``, which then stops its children in order) that is sent SIGTERM if ``serve``
+  dies without stopping it (Linux ``PR_SET_PDEATHSIG``).
+- :func:`start_localstripe` runs ``localstripe`` on a port the parent has already bound
+  (no race for a "free" port) and keeps its store in a file of our choosing: upstream
+  localstripe pickles every write to ``/tmp/localstripe.pickle``, a file every instance on
+  the machine would share.
+- :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
+- :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
+  whether its ``Hardcount-Signature`` verifies (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn``: die with SIGTERM when the parent dies (Linux), even if it was SIGKILLed."""
+
+    def setup() -> None:
+        if sys.platform.startswith("linux"):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+class ChildProcess:
+    """A child process of the dev stack, started in its own process group.
+
+    ``stop()`` sends SIGTERM to the child, waits ``timeout_s`` seconds, then SIGKILLs its
+    whole process group (a gunicorn arbiter's workers included).
+    """
+
+    def __init__(self, name: str, args: list[str], *, env: dict[str, str], cwd: Path | None = None, **popen):
+        self.name = name
+        self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+            args,
+            env=env,
+            cwd=cwd,
+            process_group=0,
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (spawned before any thread starts)
+            **popen,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the child runs."""
+        return self.process.poll()
+
+    def stop(self, timeout_s: float) -> int:
+        """SIGTERM, wait up to ``timeout_s`` seconds, then SIGKILL the group. Returns the exit code."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
+        # Whatever is left in the group (a worker that outlived its arbiter) goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.process.wait()
+
+
+def bind_local_port(port: int = 0, host: str = "127.0.0.1") -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port). Raises ``OSError`` if taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when ``host:port`` can be bound right now."""
+    try:
+        bind_local_port(port, host).close()
+    except OSError:
+        return False
+    return True
+
+
+def wait_for_http(url: str, *, timeout_s: float, alive: Callable[[], bool] = lambda: True, headers=None) -> int:
+    """Poll ``url`` until it answers any HTTP status; returns the status.
+
+    Raises ``TimeoutError`` after ``timeout_s`` seconds, or ``RuntimeError`` as soon as
+    ``alive()`` turns False (the process that should answer has exited).
+    """
+    deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers=headers or {})  # noqa: S310 (http to localhost)
+    while True:
+        if not alive():
+            raise RuntimeError(f"the process serving {url} exited before it answered")
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+# --- localstripe --------------------------------------------------------------------------------------------------
+
+
+class LocalStripe:
+    """A running localstripe child: ``api_base`` (``http://127.0.0.1:<port>``) and its store file."""
+
+    def __init__(self, child: ChildProcess, port: int, store_path: Path):
+        self.child = child
+        self.port = port
+        self.store_path = store_path
+        self.api_base = f"http://127.0.0.1:{port}"
+
+    def stop(self, timeout_s: float = 5.0) -> int:
+        """Stop it (it flushes its store on SIGTERM). Returns the exit code."""
+        return self.child.stop(timeout_s)
+
+
+def start_localstripe(
+    *, store_path: Path, log_path: Path | None = None, port: int = 0, api_key: str = "sk_test_devstack"
+) -> LocalStripe:
+    """Start localstripe on ``127.0.0.1:port`` (0: a free port), persisting to ``store_path``.
+
+    The store (every customer, PaymentMethod and PaymentIntent) is loaded from
+    ``store_path`` if it exists, so gateway ids the database refers to survive a restart.
+    Output goes to ``log_path`` (default: inherited). Returns once localstripe answers an
+    authenticated request; raises ``RuntimeError`` or ``TimeoutError`` if it does not.
+    """
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    sock = bind_local_port(port)
+    port = sock.getsockname()[1]
+    out = open(log_path, "ab") if log_path else None
+    try:
+        child = ChildProcess(
+            "localstripe",
+            [
+                sys.executable,
+                "-m",
+                "hardcount.devstack",
+                "localstripe",
+                "--fd",
+                str(sock.fileno()),
+                "--store",
+                str(store_path),
+            ],
+            env=dict(os.environ),
+            cwd=Path(__file__).resolve().parent.parent,
+            pass_fds=(sock.fileno(),),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+        )
+    finally:
+        sock.close()
+        if out:
+            out.close()
+    stripe = LocalStripe(child, port, store_path)
+    try:
+        wait_for_http(
+            f"{stripe.api_base}/v1/customers?limit=1",
+            timeout_s=20,
+            alive=lambda: child.poll() is None,
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+    except Exception:
+        stripe.stop()
+        raise
+    return stripe
+
+
+def _run_localstripe(fd: int, store_path: Path) -> None:
+    """Child side: serve localstripe's aiohttp app on the inherited socket ``fd``."""
+    import pickle
+
+    from aiohttp import web
+    from localstripe import resources
+    from localstripe.server import app
+
+    dirty = threading.Event()
+
+    def load(store) -> None:
+        try:
+            with open(store_path, "rb") as f:
+                saved = pickle.load(f)  # noqa: S301 (our own file, written below)
+        except FileNotFoundError:
+            return
+        store.clear()
+        store.update(saved)
+
+    def flush() -> None:
+        if not dirty.is_set():
+            return
+        dirty.clear()
+        tmp = store_path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(dict(resources.store), f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, store_path)
+
+    # Upstream pickles the whole store to /tmp on every write; mark it dirty instead and
+    # write our own file at most once a second, and once more on shutdown.
+    resources.Store.try_load_from_disk = load
+    resources.Store.dump_to_disk = lambda store: dirty.set()
+    load(resources.store)
+
+    async def flusher(_app):
+        import asyncio
+
+        async def loop():
+            while True:
+                await asyncio.sleep(1)
+                flush()
+
+        task = asyncio.ensure_future(loop())
+        yield
+        task.cancel()
+        flush()
+
+    app.cleanup_ctx.append(flusher)
+    sock = socket.socket(fileno=fd)
+    access = logging.getLogger("aiohttp.access")
+    access.setLevel(logging.INFO)
+    access.addHandler(logging.StreamHandler())
+    web.run_app(app, sock=sock, access_log=access, print=None)
+
+
+# --- gunicorn -----------------------------------------------------------------------------------------------------
+
+
+def start_gunicorn(*, base_dir: Path, bind: str, env: dict[str, str]) -> ChildProcess:
+    """Start gunicorn with ``hardcount/gunicorn.conf.py`` bound to ``bind`` (``host:port``).
+
+    Output is inherited (access and error logs on the terminal). SIGTERM (``stop``) is
+    gunicorn's graceful shutdown: in-flight requests finish, workers stop their scheduler
+    runtime and release their leases.
+    """
+    return ChildProcess(
+        "gunicorn",
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--config",
+            str(base_dir / "hardcount" / "gunicorn.conf.py"),
+            "--bind",
+            bind,
+            "hardcount.wsgi:application",
+        ],
+        env=env,
+        cwd=base_dir,
+    )
+
+
+# --- webhook receiver ---------------------------------------------------------------------------------------------
+
+
+def verify_signature(header: str, body: bytes, secrets: Iterable[str]) -> bool:
+    """True when ``Hardcount-Signature: t=<unix>,v1=<hex>`` signs ``"<t>.<body>"`` with one of ``secrets``.
+
+    The scheme is SPEC §6 (HMAC-SHA256, hex). This receiver is a development aid: it
+    reports the result and does not enforce a timestamp tolerance.
+    """
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    timestamp, signature = parts.get("t"), parts.get("v1")
+    if not timestamp or not signature:
+        return False
+    signed = timestamp.encode() + b"." + body
+    return any(
+        hmac.compare_digest(hmac.new(s.encode(), signed, hashlib.sha256).hexdigest(), signature) for s in secrets
+    )
+
+
+class WebhookReceiver:
+    """A local endpoint that logs every webhook POSTed to it and answers 200.
+
+    Each delivery is logged as one line: event id, type, mode, and whether the signature
+    verifies against one of ``secrets()`` (a callable, so secrets learned after the
+    receiver started count). ``received`` keeps the parsed bodies, newest last (tests).
+    """
+
+    def __init__(self, *, port: int = 0, secrets: Callable[[], Iterable[str]] = list, log=None):
+        self.secrets = secrets
+        self.received: list[dict] = []
+        self._log = log or (lambda line: logger.info("%s", line))
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                receiver._record(self.headers.get("Hardcount-Signature", ""), body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"received": true}')
+
+            def log_message(self, format, *args):  # the one line from _record is enough
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/webhooks"
+        self._thread: threading.Thread | None = None
+
+    def _record(self, signature_header: str, body: bytes) -> None:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            self._log(f"webhook  (not JSON, {len(body)} bytes)")
+            return
+        if not isinstance(payload, dict):
+            payload = {"data": payload}
+        self.received.append(payload)
+        if not signature_header:
+            verdict = "unsigned"
+        elif verify_signature(signature_header, body, self.secrets()):
+            verdict = "signature ok"
+        else:
+            verdict = "signature DOES NOT VERIFY"
+        mode = "live" if payload.get("livemode") else "test"
+        self._log(f"webhook  {payload.get('id', '?')} {payload.get('type', '?')} ({mode}) {verdict}")
+
+    def start(self) -> WebhookReceiver:
+        """Serve in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self.server.serve_forever, name="webhook-receiver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._thread is not None:
+            self.server.shutdown()
+            self._thread.join(5)
+        self.server.server_close()
+
+
+def _main(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hardcount.devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("localstripe", help="serve localstripe on an inherited socket")
+    ls.add_argument("--fd", type=int, required=True)
+    ls.add_argument("--store", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "localstripe":
+        _run_localstripe(args.fd, args.store)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

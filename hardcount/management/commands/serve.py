@@ -1,0 +1,322 @@
+"""``python manage.py serve``: the whole development stack in one command (what ``make run`` runs).
+
+It starts, in order:
+
+1. ``localstripe`` on a free port, persisting to ``var/localstripe.pickle`` (skipped when
+   ``STRIPE_API_BASE`` is set, or ``STRIPE_API_KEY`` is a real key: then that gateway is used);
+2. the demo tenant with a test and a live key, and the admin's ``operator`` superuser, both
+   reused across restarts (plaintext kept in ``var/``, development only: see
+   :mod:`hardcount.demo`);
+3. a local webhook receiver that logs each delivery and checks its signature;
+4. gunicorn with ``hardcount/gunicorn.conf.py`` on ``127.0.0.1:$HARDCOUNT_PORT`` (8000), with
+   ``HARDCOUNT_RUN_SCHEDULER=1`` so the scheduler runtime runs in the web workers;
+
+then registers the receiver as the demo tenant's webhook endpoint, prints where to go, and
+waits. Ctrl-C or SIGTERM stops gunicorn gracefully (its workers release their leases),
+then the receiver and localstripe. The embedded PostgreSQL is left running for the next
+command (``make stop-db`` stops it), as everywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+
+from hardcount import demo as demo_credentials
+from hardcount.devstack import (
+    ChildProcess,
+    LocalStripe,
+    WebhookReceiver,
+    port_is_free,
+    start_gunicorn,
+    start_localstripe,
+    wait_for_http,
+)
+
+# The key settings fall back to when STRIPE_API_KEY is unset: it only ever talks to localstripe.
+DEV_STRIPE_KEY = "sk_test_hardcount_localstripe"
+DEFAULT_PORT = 8000
+# How often the supervising loop looks at its children and asks for a progress line.
+SUPERVISE_EVERY_S = 1.0
+PROGRESS_EVERY_S = 5.0
+# Development defaults for the children; any value set in the environment wins.
+DEV_ENV_DEFAULTS = {"HARDCOUNT_BILLING_INTERVAL_S": "10", "PYTHONUNBUFFERED": "1"}
+
+
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM arrived while the stack was starting."""
+
+
+@dataclass
+class ServeContext:
+    """What is running, handed to the hooks (:meth:`Command.after_ready`, :meth:`Command.progress_line`)."""
+
+    base_url: str
+    stripe_api_base: str
+    demo: demo_credentials.DemoTenant
+    operator: tuple[str, str]
+    receiver: WebhookReceiver
+    gunicorn: ChildProcess
+    localstripe: LocalStripe | None
+
+
+def wants_localstripe(environ=os.environ) -> bool:
+    """True unless ``STRIPE_API_BASE`` is set or ``STRIPE_API_KEY`` is a key other than the dev default."""
+    if environ.get("STRIPE_API_BASE"):
+        return False
+    return environ.get("STRIPE_API_KEY", DEV_STRIPE_KEY) == DEV_STRIPE_KEY
+
+
+class Command(BaseCommand):
+    help = "Run the development stack: localstripe, the demo tenant, a webhook receiver and gunicorn."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("HARDCOUNT_PORT", DEFAULT_PORT)),
+            help="port on 127.0.0.1 for the API and admin (default: $HARDCOUNT_PORT or 8000)",
+        )
+
+    def handle(self, *args, **options):
+        port = options["port"]
+        if not port_is_free(port):
+            raise CommandError(f"127.0.0.1:{port} is already in use. Set HARDCOUNT_PORT to another port.")
+        var_dir = Path(settings.VAR_DIR)
+        (var_dir / "log").mkdir(parents=True, exist_ok=True)
+        self._apply_pending_migrations()
+
+        stop = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        localstripe = gunicorn = receiver = None
+        try:
+            localstripe, stripe_api_base = self._start_gateway(var_dir)
+            demo = demo_credentials.ensure_demo_tenant(var_dir / "demo-keys.json")
+            operator = demo_credentials.ensure_operator(var_dir / "operator.json")
+            receiver = self._make_receiver(demo)
+            connections.close_all()  # this process only supervises from here on
+
+            gunicorn = start_gunicorn(
+                base_dir=Path(settings.BASE_DIR), bind=f"127.0.0.1:{port}", env=self._child_env(port, stripe_api_base)
+            )
+            receiver.start()
+            base_url = f"http://127.0.0.1:{port}"
+            try:
+                wait_for_http(
+                    f"{base_url}/health/live", timeout_s=60, alive=lambda: gunicorn.poll() is None and not stop.is_set()
+                )
+            except RuntimeError:
+                if stop.is_set():
+                    raise Stopped from None
+                raise CommandError("gunicorn exited during start-up; its log is above.") from None
+            ctx = ServeContext(base_url, stripe_api_base, demo, operator, receiver, gunicorn, localstripe)
+            self._register_webhook_endpoints(ctx, var_dir / "demo-keys.json")
+            self.after_ready(ctx)
+            self._print_banner(ctx, var_dir)
+            self._supervise(ctx, stop)
+        except Stopped:
+            pass
+        finally:
+            self._stop(gunicorn, receiver, localstripe)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    # --- hooks ----------------------------------------------------------------------------------------------------
+
+    def after_ready(self, ctx: ServeContext) -> None:
+        """Hook: runs once the API answers and before the banner is printed.
+
+        The demo book (``seed_demo``, a later issue) plugs in here: create the demo tenant's
+        customers, prices and subscriptions through ``ctx.base_url`` with ``ctx.demo.test_key``.
+        Does nothing yet.
+        """
+
+    def progress_line(self, ctx: ServeContext) -> str | None:
+        """Hook: called every ``PROGRESS_EVERY_S`` seconds while serving; a returned line is printed.
+
+        The live progress line (a later issue: invoices billed, payments, deliveries) returns
+        its text here. Returns None (prints nothing) for now.
+        """
+        return None
+
+    # --- steps ----------------------------------------------------------------------------------------------------
+
+    def _apply_pending_migrations(self) -> None:
+        connection = connections[DEFAULT_DB_ALIAS]
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            self.stdout.write("Applying migrations…")
+            call_command("migrate", interactive=False, verbosity=0)
+
+    def _start_gateway(self, var_dir: Path) -> tuple[LocalStripe | None, str]:
+        if not wants_localstripe():
+            base = os.environ.get("STRIPE_API_BASE") or "https://api.stripe.com"
+            if settings.STRIPE_API_KEY.startswith(("sk_live_", "rk_live_")):
+                self.stderr.write(self.style.WARNING("STRIPE_API_KEY is a live key: charges will be real."))
+            return None, base
+        localstripe = start_localstripe(
+            store_path=var_dir / "localstripe.pickle",
+            log_path=var_dir / "log" / "localstripe.log",
+            api_key=settings.STRIPE_API_KEY,
+        )
+        # For the children (gunicorn inherits it) and for this process's hooks.
+        os.environ["STRIPE_API_BASE"] = localstripe.api_base
+        settings.STRIPE_API_BASE = localstripe.api_base
+        return localstripe, localstripe.api_base
+
+    def _make_receiver(self, demo: demo_credentials.DemoTenant) -> WebhookReceiver:
+        saved_port = demo.extra.get("webhook_receiver_port")
+        port = saved_port if isinstance(saved_port, int) and port_is_free(saved_port) else 0
+
+        def secrets():
+            return [e["secret"] for e in (demo.extra.get("webhook_endpoints") or {}).values() if "secret" in e]
+
+        return WebhookReceiver(port=port, secrets=secrets, log=self.stdout.write)
+
+    def _child_env(self, port: int, stripe_api_base: str) -> dict[str, str]:
+        env = {**DEV_ENV_DEFAULTS, **os.environ}
+        env.update(
+            DJANGO_SETTINGS_MODULE="hardcount.settings",
+            HARDCOUNT_PORT=str(port),
+            HARDCOUNT_RUN_SCHEDULER="1",
+            STRIPE_API_BASE=stripe_api_base if stripe_api_base != "https://api.stripe.com" else "",
+        )
+        return env
+
+    def _register_webhook_endpoints(self, ctx: ServeContext, keys_path: Path) -> None:
+        """Point one webhook endpoint per mode (subscribed to ``*``) at the local receiver, through the API.
+
+        Reuses the endpoint saved in ``demo-keys.json`` while it exists and its URL is the
+        receiver's; otherwise creates one (and deletes the stale one). When the webhook
+        endpoints API answers 404 (not built yet), says so and carries on.
+        """
+        demo = ctx.demo
+        saved = dict(demo.extra.get("webhook_endpoints") or {})
+        for mode, key in (("test", demo.test_key), ("live", demo.live_key)):
+            old = saved.get(mode) or {}
+            if (
+                old.get("url") == ctx.receiver.url
+                and _api(ctx.base_url, key, "GET", f"/v1/webhook_endpoints/{old.get('id')}")[0] == 200
+            ):
+                continue
+            status, body = _api(
+                ctx.base_url,
+                key,
+                "POST",
+                "/v1/webhook_endpoints",
+                {"url": ctx.receiver.url, "enabled_events": ["*"], "description": "make run: local receiver"},
+            )
+            if status not in (200, 201) or not isinstance(body, dict) or "secret" not in body:
+                self.stdout.write(
+                    f"(webhook endpoints: POST /v1/webhook_endpoints answered {status}; no endpoint registered)"
+                )
+                return
+            if old.get("id"):
+                _api(ctx.base_url, key, "DELETE", f"/v1/webhook_endpoints/{old['id']}")
+            saved[mode] = {"id": body["id"], "url": ctx.receiver.url, "secret": body["secret"]}
+        demo.extra["webhook_endpoints"] = saved
+        demo.extra["webhook_receiver_port"] = ctx.receiver.port
+        demo_credentials.save_demo_tenant(keys_path, demo)
+
+    def _print_banner(self, ctx: ServeContext, var_dir: Path) -> None:
+        username, password = ctx.operator
+        demo = ctx.demo
+        gateway = (
+            f"localstripe at {ctx.stripe_api_base} (store {var_dir / 'localstripe.pickle'}, "
+            f"log {var_dir / 'log' / 'localstripe.log'})"
+            if ctx.localstripe
+            else ctx.stripe_api_base
+        )
+        database = (
+            "DATABASE_URL"
+            if os.environ.get("DATABASE_URL")
+            else f"embedded PostgreSQL in {var_dir / 'pgdata'} (left running on exit; `make stop-db` stops it)"
+        )
+        curl = (
+            f"curl -sS -X POST {ctx.base_url}/v1/customers \\\n"
+            f'        -H "Authorization: Bearer {demo.test_key}" -H "Content-Type: application/json" \\\n'
+            """        -d '{"email": "jenny@example.com", "name": "Jenny Rosen"}'"""
+        )
+        lines = [
+            "",
+            self.style.SUCCESS("Hardcount is running.") + " Ctrl-C stops it.",
+            "",
+            f"  API            {ctx.base_url}/v1/",
+            f"  test key       {demo.test_key}",
+            f"  live key       {demo.live_key}",
+            f"                 demo tenant {demo.tenant_id}; keys kept in {var_dir / 'demo-keys.json'} (dev only)",
+            f"  admin          {ctx.base_url}/admin/   login: {username} / {password}",
+            f"  health         {ctx.base_url}/health/ready",
+            f"  metrics        {ctx.base_url}/metrics",
+            f"  gateway        {gateway}",
+            f"  webhooks       {ctx.receiver.url} logs each delivery below",
+            f"  database       {database}",
+            "",
+            "  Create a customer (test mode):",
+            "",
+            "    " + curl,
+            "",
+        ]
+        self.stdout.write("\n".join(lines))
+        self.stdout.flush()
+
+    def _supervise(self, ctx: ServeContext, stop: threading.Event) -> None:
+        waited = 0.0
+        while not stop.wait(SUPERVISE_EVERY_S):
+            if ctx.gunicorn.poll() is not None:
+                raise CommandError(f"gunicorn exited with code {ctx.gunicorn.poll()}; stopping.")
+            if ctx.localstripe and ctx.localstripe.child.poll() is not None:
+                raise CommandError(f"localstripe exited with code {ctx.localstripe.child.poll()}; stopping.")
+            waited += SUPERVISE_EVERY_S
+            if waited >= PROGRESS_EVERY_S:
+                waited = 0.0
+                line = self.progress_line(ctx)
+                if line:
+                    self.stdout.write(line)
+        self.stdout.write("Stopping…")
+
+    def _stop(self, gunicorn, receiver, localstripe) -> None:
+        # gunicorn first: its workers may still be charging through localstripe.
+        if gunicorn is not None:
+            graceful_s = float(os.environ.get("HARDCOUNT_GRACEFUL_TIMEOUT_S", "15"))
+            gunicorn.stop(graceful_s + 5)
+        if receiver is not None:
+            receiver.stop()
+        if localstripe is not None:
+            localstripe.stop()
+        if gunicorn is not None:
+            self.stdout.write("Stopped gunicorn" + (" and localstripe." if localstripe else "."))
+
+
+def _api(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    """One JSON request to the API; returns ``(status, parsed body or None)``, 0 when unreachable."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(  # noqa: S310 (http to localhost)
+        base_url + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, None
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
