@@ -5,6 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+# Where the embedded PostgreSQL, the demo's keys and the logs live (settings read the same variable).
+VAR_DIR := $(or $(HARDCOUNT_VAR_DIR),var)
 
 .PHONY: run test lint fmt fuzz check-imports stop-db clean
 
@@ -17,6 +19,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 venv: $(STAMP)
 
+# serve starts localstripe, the demo tenant, a webhook receiver and gunicorn (with the scheduler) on
+# 127.0.0.1:8000 (HARDCOUNT_PORT changes it), prints the keys and URLs, and stops it all on Ctrl-C or SIGTERM.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
@@ -37,8 +41,9 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The embedded PostgreSQL outlives each command so the next one reuses it; this stops it.
 stop-db: $(STAMP)
-	$(PY) -c "from pathlib import Path; from pgserver._commands import pg_ctl; pg_ctl(['-w', 'stop'], pgdata=Path('var/pgdata').resolve(), user='pgserver')" || true
+	-$(PY) -c "import os, pathlib; from pgserver._commands import pg_ctl; pg_ctl(['-w', 'stop'], pgdata=pathlib.Path('$(VAR_DIR)/pgdata').resolve(), user='pgserver' if os.geteuid() == 0 else None)" 2>/dev/null
 
 clean: stop-db
-	rm -rf var
+	rm -rf $(VAR_DIR)
