@@ -8,9 +8,9 @@ process does not load the settings (which would start the embedded database).
   only ``serve``, which then stops its children in order) that is sent SIGTERM if ``serve``
   dies without stopping it (Linux ``PR_SET_PDEATHSIG``).
 - :func:`start_localstripe` runs ``localstripe`` on a port the parent has already bound
-  (no race for a "free" port) and keeps its store in a file of our choosing: upstream
-  localstripe pickles every write to ``/tmp/localstripe.pickle``, a file every instance on
-  the machine would share.
+  (no race for a "free" port), with the gateway's fixes (``billing.devstripe``), and keeps
+  its store in a file of our choosing: upstream localstripe pickles every write to
+  ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
 - :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
   whether its ``Hardcount-Signature`` verifies (SPEC §6).
@@ -215,6 +215,13 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
 
     from aiohttp import web
     from localstripe import resources
+
+    try:
+        from billing.devstripe import apply_localstripe_fixes
+    except ImportError:  # the gateway's localstripe fixes are optional here
+        pass
+    else:
+        apply_localstripe_fixes()  # before the server module registers its routes
     from localstripe.server import app
 
     dirty = threading.Event()

@@ -1,0 +1,162 @@
+"""The development stack's parts: localstripe launcher, demo credentials, webhook receiver, socket paths.
+
+The whole ``serve`` process (gunicorn included) is exercised in tests/system/test_serve_process.py.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import stat
+import urllib.request
+from pathlib import Path
+
+import pytest
+import stripe
+
+from hardcount import demo
+from hardcount.devstack import WebhookReceiver, start_localstripe, verify_signature
+from hardcount.embedded_db import _MAX_SOCKET_PATH, _runtime_dir
+from hardcount.management.commands.serve import DEV_STRIPE_KEY, wants_localstripe
+from hardcount.models import ApiKey, hash_api_key
+
+SHARED_UPSTREAM_STORE = Path("/tmp/localstripe.pickle")
+
+
+def _mtime(path: Path):
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+def test_localstripe_keeps_its_store_in_the_given_file_across_restarts(tmp_path):
+    store = tmp_path / "localstripe.pickle"
+    upstream_before = _mtime(SHARED_UPSTREAM_STORE)
+
+    first = start_localstripe(store_path=store, log_path=tmp_path / "ls.log")
+    client = stripe.StripeClient("sk_test_devstack", base_addresses={"api": first.api_base})
+    customer = client.v1.customers.create(params={"email": "jenny@example.com"})
+    assert first.stop() == 0
+    assert store.exists()
+
+    second = start_localstripe(store_path=store)
+    try:
+        client = stripe.StripeClient("sk_test_devstack", base_addresses={"api": second.api_base})
+        assert client.v1.customers.retrieve(customer.id).email == "jenny@example.com"
+    finally:
+        second.stop()
+    # Upstream localstripe would have pickled every write to this machine-wide file.
+    assert _mtime(SHARED_UPSTREAM_STORE) == upstream_before
+
+
+def test_localstripe_stop_leaves_no_process(tmp_path):
+    localstripe = start_localstripe(store_path=tmp_path / "s.pickle", log_path=tmp_path / "ls.log")
+    pid = localstripe.child.pid
+    localstripe.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_wants_localstripe_unless_a_gateway_is_configured():
+    assert wants_localstripe({})
+    assert wants_localstripe({"STRIPE_API_KEY": DEV_STRIPE_KEY})
+    assert not wants_localstripe({"STRIPE_API_BASE": "http://127.0.0.1:8420"})
+    assert not wants_localstripe({"STRIPE_API_KEY": "sk_test_51RealKeyFromTheDashboard"})
+
+
+def test_demo_tenant_keys_are_reused_while_the_database_accepts_them(db, tmp_path):
+    path = tmp_path / "demo-keys.json"
+    first = demo.ensure_demo_tenant(path)
+    second = demo.ensure_demo_tenant(path)
+
+    assert first.created and not second.created
+    assert (second.tenant_id, second.test_key, second.live_key) == (first.tenant_id, first.test_key, first.live_key)
+    assert ApiKey.objects.get(key_hash=hash_api_key(first.test_key)).livemode is False
+    assert ApiKey.objects.get(key_hash=hash_api_key(first.live_key)).livemode is True
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_demo_tenant_is_replaced_when_a_saved_key_was_revoked(db, tmp_path):
+    path = tmp_path / "demo-keys.json"
+    first = demo.ensure_demo_tenant(path)
+    ApiKey.objects.filter(key_hash=hash_api_key(first.live_key)).update(revoked_at="2026-01-01T00:00:00Z")
+
+    second = demo.ensure_demo_tenant(path)
+
+    assert second.created
+    assert second.tenant_id != first.tenant_id
+    assert json.loads(path.read_text())["live_key"] == second.live_key
+
+
+def test_demo_tenant_extra_fields_survive_a_save(db, tmp_path):
+    path = tmp_path / "demo-keys.json"
+    tenant = demo.ensure_demo_tenant(path)
+    tenant.extra["webhook_receiver_port"] = 40123
+    demo.save_demo_tenant(path, tenant)
+
+    assert demo.ensure_demo_tenant(path).extra == {"webhook_receiver_port": 40123}
+
+
+def test_operator_password_is_kept_and_logs_in(db, tmp_path, client):
+    path = tmp_path / "operator.json"
+    username, password = demo.ensure_operator(path)
+
+    assert (username, password) == demo.ensure_operator(path)
+    assert client.login(username="operator", password=password)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_operator_password_is_reset_when_its_file_is_lost(db, tmp_path, client):
+    _, old = demo.ensure_operator(tmp_path / "operator.json")
+
+    _, new = demo.ensure_operator(tmp_path / "elsewhere.json")
+
+    assert new != old
+    assert not client.login(username="operator", password=old)
+    assert client.login(username="operator", password=new)
+
+
+def _signed(secret: str, body: bytes, t: int = 1767225600) -> str:
+    return f"t={t},v1={hmac.new(secret.encode(), f'{t}.'.encode() + body, hashlib.sha256).hexdigest()}"
+
+
+def test_verify_signature_accepts_only_the_exact_body_and_secret():
+    body = b'{"id": "evt_1"}'
+    header = _signed("whsec_a", body)
+    assert verify_signature(header, body, ["whsec_b", "whsec_a"])
+    assert not verify_signature(header, body + b" ", ["whsec_a"])
+    assert not verify_signature(header, body, ["whsec_b"])
+    assert not verify_signature("v1=deadbeef", body, ["whsec_a"])
+
+
+def test_webhook_receiver_logs_each_delivery_with_its_signature_verdict():
+    lines = []
+    receiver = WebhookReceiver(secrets=lambda: ["whsec_demo"], log=lines.append).start()
+    body = json.dumps({"id": "evt_123", "type": "invoice.paid", "livemode": False}).encode()
+    try:
+        for secret in ("whsec_demo", "whsec_other"):
+            request = urllib.request.Request(
+                receiver.url, data=body, headers={"Hardcount-Signature": _signed(secret, body)}, method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200
+    finally:
+        receiver.stop()
+    assert lines == [
+        "webhook  evt_123 invoice.paid (test) signature ok",
+        "webhook  evt_123 invoice.paid (test) signature DOES NOT VERIFY",
+    ]
+    assert [r["id"] for r in receiver.received] == ["evt_123", "evt_123"]
+
+
+def test_runtime_dir_stays_beside_the_data_when_short():
+    assert _runtime_dir(Path("/srv/hc/var/pgdata")) == Path("/srv/hc/var/run")
+
+
+def test_runtime_dir_of_a_deep_clone_is_short_enough_for_a_socket_and_its_own(tmp_path):
+    deep = tmp_path / ("a" * 60) / ("b" * 60)
+    runtime = _runtime_dir(deep / "one" / "var" / "pgdata")
+    other = _runtime_dir(deep / "two" / "var" / "pgdata")
+
+    # pgserver's fallback socket: <runtime>/python_PostgresServer/<10 hex>/.s.PGSQL.5432
+    socket_path = runtime / "python_PostgresServer" / ("0" * 10) / ".s.PGSQL.5432"
+    assert len(os.fsencode(socket_path)) <= _MAX_SOCKET_PATH
+    assert runtime != other
