@@ -1,0 +1,143 @@
+"""``manage.py serve`` as a real process: it serves, then leaves nothing running when stopped or killed.
+
+Each test starts ``serve`` against the test database (through ``DATABASE_URL``) with its own
+``HARDCOUNT_VAR_DIR`` and a free port, so it touches neither the developer's database nor port 8000.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from hardcount.devstack import bind_local_port
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
+
+BASE_DIR = Path(settings.BASE_DIR)
+READY_LINE = "Hardcount is running."
+
+
+def _database_url() -> str:
+    s = connection.settings_dict
+    return f"postgresql://{s['USER']}@:{s['PORT']}/{s['NAME']}?host={s['HOST']}"
+
+
+class Serve:
+    """A running ``manage.py serve`` with its output collected line by line."""
+
+    def __init__(self, var_dir: Path):
+        with bind_local_port() as sock:
+            self.port = sock.getsockname()[1]
+        env = {
+            **os.environ,
+            "DATABASE_URL": _database_url(),
+            "HARDCOUNT_VAR_DIR": str(var_dir),
+            "HARDCOUNT_PORT": str(self.port),
+            "HARDCOUNT_WEB_WORKERS": "1",
+        }
+        env.pop("STRIPE_API_BASE", None)
+        env.pop("STRIPE_API_KEY", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"],
+            cwd=BASE_DIR,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if READY_LINE in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        if not self.ready.wait(timeout_s):
+            self.process.kill()
+            pytest.fail("serve never became ready:\n" + "\n".join(self.lines))
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process serve started, and theirs: found by walking the tree while serve runs."""
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            found.append(child)
+            found.extend(child.children(recursive=True))
+        return found
+
+    def banner_value(self, label: str) -> str:
+        line = next(line for line in self.lines if line.strip().startswith(label))
+        return line.split()[-1]
+
+    def get(self, path: str) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
+            return response.status
+
+
+def _gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    return alive
+
+
+def test_serve_answers_and_sigterm_stops_gunicorn_and_localstripe(tmp_path):
+    serve = Serve(tmp_path / "var")
+    try:
+        serve.wait_ready()
+        assert serve.get("/admin/login/") == 200
+        assert serve.banner_value("test key").startswith("hc_test_")
+        assert serve.banner_value("live key").startswith("hc_live_")
+        children = serve.descendants()
+        names = " ".join(" ".join(p.cmdline()) for p in children)
+        assert "gunicorn" in names
+        assert "localstripe" in names
+        assert len(children) >= 3  # localstripe, the gunicorn arbiter and its worker
+
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.process.wait(60) == 0
+        assert _gone(children, 5) == []
+        assert "Stopped gunicorn and localstripe." in serve.lines
+    finally:
+        if serve.process.poll() is None:
+            serve.process.kill()
+
+
+def test_killed_serve_takes_its_children_with_it(tmp_path):
+    serve = Serve(tmp_path / "var")
+    try:
+        serve.wait_ready()
+        children = serve.descendants()
+        assert children
+
+        serve.process.send_signal(signal.SIGKILL)
+        serve.process.wait(10)
+        # PR_SET_PDEATHSIG sends the children SIGTERM; gunicorn then stops its workers gracefully.
+        assert _gone(children, 30) == []
+    finally:
+        if serve.process.poll() is None:
+            serve.process.kill()
+
+
+def test_second_start_shows_the_same_keys_and_operator_password(tmp_path):
+    shown = []
+    for _ in range(2):
+        serve = Serve(tmp_path / "var")
+        try:
+            serve.wait_ready()
+            shown.append((serve.banner_value("test key"), serve.banner_value("live key"), serve.banner_value("admin")))
+            serve.process.send_signal(signal.SIGTERM)
+            assert serve.process.wait(60) == 0
+        finally:
+            if serve.process.poll() is None:
+                serve.process.kill()
+    assert shown[0] == shown[1]
