@@ -70,16 +70,20 @@ class IdempotencyRecord(models.Model):
     """The first response to a POST carrying an ``Idempotency-Key`` header.
 
     Keyed by (tenant, mode, key). A replay with the same request fingerprint returns the
-    stored response; a different fingerprint under the same key is a 422.
+    stored response; a different fingerprint under the same key is a 422. While the first
+    request is still executing, ``completed_at`` (and the response) are null: the record
+    is the in-flight claim that keeps a concurrent duplicate from executing (see
+    :mod:`hardcount.idempotency`).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     livemode = models.BooleanField()
     key = models.CharField(max_length=255)
     request_fingerprint = models.CharField(max_length=64)
-    response_status = models.PositiveSmallIntegerField()
-    response_body = models.JSONField()
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

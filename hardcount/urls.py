@@ -1,9 +1,26 @@
-"""URL map: the JSON API under /v1, health, metrics and the operators' admin."""
+"""URL map: the JSON API under /v1, health, metrics and the operators' admin.
+
+Each app keeps its /v1 patterns in its own ``urls.py``; add one ``path("v1/", include(...))``
+line per app below (paths inside the app's file carry no leading ``v1/``).
+"""
 
 from django.contrib import admin
 from django.urls import include, path
+from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework.permissions import AllowAny
 
 urlpatterns = [
+    path(
+        "v1/openapi.json",
+        SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
+        name="openapi",
+    ),
+    path("v1/", include("billing.urls")),
     path("admin/", admin.site.urls),
     path("", include("django_prometheus.urls")),
 ]
+
+# JSON errors for /v1 paths that match no view (and for crashes); Django's pages elsewhere.
+handler400 = "hardcount.errors.handler400"
+handler404 = "hardcount.errors.handler404"
+handler500 = "hardcount.errors.handler500"

@@ -20,6 +20,7 @@ EVENT_TYPES = (
     "customer.created",
     "customer.updated",
     "customer.credit_granted",
+    "price.created",
     "invoice.created",
     "invoice.finalized",
     "invoice.paid",

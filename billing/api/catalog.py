@@ -1,0 +1,217 @@
+"""Customers, prices, subscriptions and invoices over HTTP (thin: validate, call a service, render).
+
+The JSON of every object comes from :mod:`billing.representations`; the serializers in
+:mod:`billing.serializers` validate input and document output.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+
+from billing import serializers as s
+from billing.models import Customer, Invoice, Price, Subscription
+from billing.representations import customer_data, invoice_data, price_data, subscription_data
+from billing.services import catalog
+from hardcount.api import ERROR, ApiView, list_of
+
+ID_PATH = OpenApiParameter("id", str, OpenApiParameter.PATH, description="The object's id.")
+
+
+class CustomerListView(ApiView):
+    get_query = s.CustomerListQuery
+
+    @extend_schema(
+        operation_id="customers_create",
+        summary="Create a customer",
+        tags=["customers"],
+        request=s.CustomerCreate,
+        responses={201: s.Customer, 404: ERROR},
+    )
+    def post(self, request):
+        data = self.read_body(s.CustomerCreate)
+        customer = catalog.create_customer(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            email=data["email"],
+            name=data["name"],
+            external_id=data["external_id"],
+            default_payment_method=data.get("default_payment_method", ""),
+            metadata=data.get("metadata"),
+            test_clock_id=data.get("test_clock"),
+        )
+        return Response(customer_data(customer), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="customers_list",
+        summary="List customers, newest first",
+        tags=["customers"],
+        responses=list_of(s.Customer, "CustomerList"),
+    )
+    def get(self, request):
+        query = self.read_query()
+        customers = self.scoped(Customer)
+        if query.get("email"):
+            customers = customers.filter(email=query["email"])
+        if query.get("external_id"):
+            customers = customers.filter(external_id=query["external_id"])
+        return self.paginate(customers, customer_data, query, kind="customer")
+
+
+class CustomerDetailView(ApiView):
+    @extend_schema(
+        operation_id="customers_retrieve",
+        summary="Retrieve a customer",
+        tags=["customers"],
+        parameters=[ID_PATH],
+        responses=s.Customer,
+    )
+    def get(self, request, id):
+        return Response(customer_data(self.get_scoped(Customer, id, kind="customer")))
+
+
+class PriceListView(ApiView):
+    get_query = s.PriceListQuery
+
+    @extend_schema(
+        operation_id="prices_create",
+        summary="Create a price",
+        tags=["prices"],
+        request=s.PriceCreate,
+        responses={201: s.Price},
+    )
+    def post(self, request):
+        data = self.read_body(s.PriceCreate)
+        price = catalog.create_price(tenant_id=self.tenant.pk, livemode=self.livemode, **data)
+        return Response(price_data(price), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="prices_list",
+        summary="List prices, newest first",
+        tags=["prices"],
+        responses=list_of(s.Price, "PriceList"),
+    )
+    def get(self, request):
+        query = self.read_query()
+        return self.paginate(self.scoped(Price), price_data, query, kind="price")
+
+
+class PriceDetailView(ApiView):
+    @extend_schema(
+        operation_id="prices_retrieve",
+        summary="Retrieve a price",
+        tags=["prices"],
+        parameters=[ID_PATH],
+        responses=s.Price,
+    )
+    def get(self, request, id):
+        return Response(price_data(self.get_scoped(Price, id, kind="price")))
+
+
+class SubscriptionListView(ApiView):
+    get_query = s.SubscriptionListQuery
+
+    @extend_schema(
+        operation_id="subscriptions_create",
+        summary="Create a subscription",
+        description="Subscribes a customer to a price. The first period is billed by the next drain "
+        "(at `next_billing_at`: the anchor, or the trial's end). A customer on a test clock puts the "
+        "subscription on that clock.",
+        tags=["subscriptions"],
+        request=s.SubscriptionCreate,
+        responses={201: s.Subscription, 404: ERROR},
+    )
+    def post(self, request):
+        data = self.read_body(s.SubscriptionCreate)
+        subscription = catalog.create_subscription(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            customer_id=data["customer"],
+            price_id=data["price"],
+            billing_cycle_anchor=data.get("billing_cycle_anchor"),
+            trial_end=data.get("trial_end"),
+            trial_period_days=data.get("trial_period_days"),
+            cancel_at_period_end=data["cancel_at_period_end"],
+            metadata=data.get("metadata"),
+        )
+        return Response(subscription_data(subscription), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="subscriptions_list",
+        summary="List subscriptions, newest first",
+        tags=["subscriptions"],
+        responses=list_of(s.Subscription, "SubscriptionList"),
+    )
+    def get(self, request):
+        query = self.read_query()
+        subscriptions = self.scoped(Subscription)
+        if query.get("customer"):
+            subscriptions = subscriptions.filter(customer_id=query["customer"])
+        if query.get("status"):
+            subscriptions = subscriptions.filter(status=query["status"])
+        return self.paginate(subscriptions, subscription_data, query, kind="subscription")
+
+
+class SubscriptionDetailView(ApiView):
+    @extend_schema(
+        operation_id="subscriptions_retrieve",
+        summary="Retrieve a subscription",
+        tags=["subscriptions"],
+        parameters=[ID_PATH],
+        responses=s.Subscription,
+    )
+    def get(self, request, id):
+        return Response(subscription_data(self.get_scoped(Subscription, id, kind="subscription")))
+
+
+class SubscriptionCancelView(ApiView):
+    @extend_schema(
+        operation_id="subscriptions_cancel",
+        summary="Cancel a subscription",
+        description="Cancels now (`status=canceled`, nothing more is billed), or with `at_period_end` at the "
+        "end of the current period. 409 when the subscription is already canceled.",
+        tags=["subscriptions"],
+        parameters=[ID_PATH],
+        request=s.SubscriptionCancel,
+        responses={200: s.Subscription},
+    )
+    def post(self, request, id):
+        data = self.read_body(s.SubscriptionCancel)
+        self.get_scoped(Subscription, id, kind="subscription")
+        subscription = catalog.cancel_subscription(
+            tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, at_period_end=data["at_period_end"]
+        )
+        return Response(subscription_data(subscription))
+
+
+class InvoiceListView(ApiView):
+    get_query = s.InvoiceListQuery
+
+    @extend_schema(
+        operation_id="invoices_list",
+        summary="List invoices, newest first",
+        tags=["invoices"],
+        responses=list_of(s.Invoice, "InvoiceList"),
+    )
+    def get(self, request):
+        query = self.read_query()
+        invoices = self.scoped(Invoice).prefetch_related("lines")
+        for name in ("customer", "subscription"):
+            if query.get(name):
+                invoices = invoices.filter(**{f"{name}_id": query[name]})
+        if query.get("status"):
+            invoices = invoices.filter(status=query["status"])
+        return self.paginate(invoices, invoice_data, query, kind="invoice")
+
+
+class InvoiceDetailView(ApiView):
+    @extend_schema(
+        operation_id="invoices_retrieve",
+        summary="Retrieve an invoice",
+        tags=["invoices"],
+        parameters=[ID_PATH],
+        responses=s.Invoice,
+    )
+    def get(self, request, id):
+        return Response(invoice_data(self.get_scoped(Invoice.objects.prefetch_related("lines"), id, kind="invoice")))

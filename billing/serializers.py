@@ -1,0 +1,234 @@
+"""Billing's API input serializers (strict) and output schemas.
+
+Input serializers validate types and static ranges only; rules that need the database or
+"now" live in :mod:`billing.services.catalog`. Output serializers exist to document the
+JSON that :mod:`billing.representations` produces (the single source of the shape): they
+are never used to render, and ``tests/api/test_schema.py`` checks that each declares
+exactly the keys its representation function returns.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from rest_framework import serializers
+
+from billing.periods import INTERVALS
+from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
+from hardcount.api import (
+    ListQuery,
+    MetadataField,
+    QueryCharField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictChoiceField,
+    StrictDateTimeField,
+    StrictEmailField,
+    StrictIntegerField,
+    StrictSerializer,
+    object_field,
+)
+from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
+
+CURRENCIES = sorted(CURRENCY_EXPONENTS)
+SUBSCRIPTION_STATUSES = ["trialing", "active", "past_due", "unpaid", "canceled"]
+INVOICE_STATUSES = ["draft", "open", "paid", "void", "uncollectible"]
+
+_ID_HELP = "An id of the caller's tenant and mode; any other id is answered 404."
+
+
+# ---------------------------------------------------------------------------------------
+# Input
+
+
+class CustomerCreate(StrictSerializer):
+    email = StrictEmailField(max_length=254)
+    name = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    external_id = StrictCharField(
+        max_length=200, required=False, allow_blank=True, default="", help_text="Your own id for this customer."
+    )
+    default_payment_method = StrictCharField(
+        max_length=255,
+        required=False,
+        validators=[RegexValidator(r"^pm_[A-Za-z0-9_]+$", "Must be a Stripe PaymentMethod id (pm_…).")],
+        help_text="Stripe PaymentMethod id (`pm_…`) charged off-session for this customer's invoices.",
+    )
+    metadata = MetadataField(required=False)
+    test_clock = StrictCharField(
+        max_length=64, required=False, help_text="Test mode only: a test clock id (`clock_…`). " + _ID_HELP
+    )
+
+
+class PriceCreate(StrictSerializer):
+    amount = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_AMOUNT,
+        help_text="Integer minor units of `currency`: 1000 usd is $10.00, 1000 jpy is ¥1,000.",
+    )
+    currency = StrictChoiceField(choices=CURRENCIES, help_text="Lower-case ISO 4217 code.")
+    interval = StrictChoiceField(choices=list(INTERVALS))
+    interval_count = StrictIntegerField(
+        min_value=1,
+        max_value=max(MAX_INTERVAL_COUNT.values()),
+        required=False,
+        default=1,
+        help_text="Intervals per billing period; at most three years in total "
+        "(1098 days, 156 weeks, 36 months or 3 years).",
+    )
+    nickname = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
+    active = StrictBooleanField(required=False, default=True)
+
+
+class SubscriptionCreate(StrictSerializer):
+    customer = StrictCharField(max_length=64, help_text="Customer id (`cus_…`). " + _ID_HELP)
+    price = StrictCharField(max_length=64, help_text="Price id (`price_…`). " + _ID_HELP)
+    billing_cycle_anchor = StrictDateTimeField(
+        required=False,
+        help_text="Start of the first billing period (default: now, or the customer's test clock time). "
+        "At most 24 hours in the past and one interval in the future; not with a trial.",
+    )
+    trial_end = StrictDateTimeField(
+        required=False, help_text=f"End of a free trial: after now, within {MAX_TRIAL_DAYS} days."
+    )
+    trial_period_days = StrictIntegerField(min_value=1, max_value=MAX_TRIAL_DAYS, required=False)
+    cancel_at_period_end = StrictBooleanField(required=False, default=False)
+    metadata = MetadataField(required=False)
+
+
+class SubscriptionCancel(StrictSerializer):
+    at_period_end = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
+    )
+
+
+class CustomerListQuery(ListQuery):
+    email = QueryCharField(help_text="Only customers with this exact email.")
+    external_id = QueryCharField(help_text="Only customers with this external id.")
+
+
+class PriceListQuery(ListQuery):
+    pass
+
+
+class SubscriptionListQuery(ListQuery):
+    customer = QueryCharField(help_text="Only this customer's subscriptions.")
+    status = StrictChoiceField(choices=SUBSCRIPTION_STATUSES, required=False)
+
+
+class InvoiceListQuery(ListQuery):
+    customer = QueryCharField(help_text="Only this customer's invoices.")
+    subscription = QueryCharField(help_text="Only this subscription's invoices.")
+    status = StrictChoiceField(choices=INVOICE_STATUSES, required=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Output (documentation of billing.representations)
+
+
+class Customer(serializers.Serializer):
+    """A customer. Money fields are integer minor units of `currency`."""
+
+    id = serializers.CharField()
+    object = object_field("customer")
+    livemode = serializers.BooleanField()
+    email = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    external_id = serializers.CharField(allow_blank=True)
+    default_payment_method = serializers.CharField(allow_null=True)
+    credit_balance = serializers.IntegerField(
+        help_text="Ledger balance in minor units of `currency`: positive is credit owed to the customer."
+    )
+    currency = serializers.CharField(allow_null=True, help_text="Fixed by the first subscription or ledger entry.")
+    test_clock = serializers.CharField(allow_null=True)
+    metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    created = serializers.DateTimeField()
+
+
+class Price(serializers.Serializer):
+    """A recurring price: `amount` minor units of `currency` every `interval_count` `interval`s."""
+
+    id = serializers.CharField()
+    object = object_field("price")
+    livemode = serializers.BooleanField()
+    nickname = serializers.CharField(allow_blank=True)
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    interval = serializers.ChoiceField(choices=list(INTERVALS))
+    interval_count = serializers.IntegerField()
+    active = serializers.BooleanField()
+    created = serializers.DateTimeField()
+
+
+class Subscription(serializers.Serializer):
+    """A customer's subscription to a price, billed in advance at `next_billing_at`."""
+
+    id = serializers.CharField()
+    object = object_field("subscription")
+    livemode = serializers.BooleanField()
+    customer = serializers.CharField()
+    price = serializers.CharField()
+    status = serializers.ChoiceField(choices=SUBSCRIPTION_STATUSES)
+    billing_cycle_anchor = serializers.DateTimeField()
+    trial_end = serializers.DateTimeField(allow_null=True)
+    current_period_start = serializers.DateTimeField(allow_null=True)
+    current_period_end = serializers.DateTimeField(allow_null=True)
+    next_billing_at = serializers.DateTimeField(allow_null=True)
+    test_clock = serializers.CharField(allow_null=True)
+    cancel_at_period_end = serializers.BooleanField()
+    canceled_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    billing_state = serializers.ChoiceField(
+        choices=["ok", "waiting", "parked"],
+        help_text="`waiting`: a billing failure waits for its retry-ladder step; `parked`: eight failures, "
+        "billing stopped until retry-billing.",
+    )
+    billing_failure_count = serializers.IntegerField()
+    next_billing_attempt_at = serializers.DateTimeField(allow_null=True)
+    billing_parked_at = serializers.DateTimeField(allow_null=True)
+    last_billing_error = serializers.CharField(allow_null=True)
+    metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    created = serializers.DateTimeField()
+
+
+class LineItem(serializers.Serializer):
+    id = serializers.CharField()
+    object = object_field("line_item")
+    description = serializers.CharField(allow_blank=True)
+    price = serializers.CharField(allow_null=True)
+    quantity = serializers.IntegerField()
+    amount = serializers.IntegerField()
+    currency = serializers.CharField()
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+
+
+class Invoice(serializers.Serializer):
+    """One invoice per subscription period. `total = subtotal + tax`; `amount_due = total - credit_applied`."""
+
+    id = serializers.CharField()
+    object = object_field("invoice")
+    livemode = serializers.BooleanField()
+    number = serializers.CharField(allow_null=True, help_text="Gapless per tenant and mode; set when finalised.")
+    customer = serializers.CharField()
+    subscription = serializers.CharField(allow_null=True)
+    status = serializers.ChoiceField(choices=INVOICE_STATUSES)
+    currency = serializers.CharField()
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    lines = LineItem(many=True)
+    subtotal = serializers.IntegerField()
+    tax = serializers.IntegerField()
+    tax_rate_bps = serializers.IntegerField()
+    tax_status = serializers.ChoiceField(choices=["not_applicable", "calculated", "pending"])
+    credit_applied = serializers.IntegerField()
+    total = serializers.IntegerField()
+    amount_due = serializers.IntegerField()
+    amount_paid = serializers.IntegerField()
+    payment_intent = serializers.CharField(allow_null=True)
+    attempt_count = serializers.IntegerField()
+    created = serializers.DateTimeField()
+    finalized_at = serializers.DateTimeField(allow_null=True)
+    paid_at = serializers.DateTimeField(allow_null=True)
+    voided_at = serializers.DateTimeField(allow_null=True)
+    marked_uncollectible_at = serializers.DateTimeField(allow_null=True)

@@ -1,0 +1,343 @@
+"""Customers, prices and subscriptions: create, and cancel subscriptions.
+
+Each function owns one transaction, validates what needs the database (references,
+currencies, times relative to "now"), writes the change and emits its event with
+:func:`outbox.services.emit_event` in the same transaction. Lookups are always scoped to
+``(tenant_id, livemode)``: an id of another tenant or mode raises
+:class:`~hardcount.errors.NotFoundError` exactly like an id that never existed.
+
+"Now" is the billing time: PostgreSQL's ``now()`` for wall-clock objects, the test clock's
+``frozen_time`` for objects on a test clock (SPEC §2, §3: one clock authority).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+
+from billing.models import Customer, Price, Subscription, TestClock
+from billing.periods import INTERVALS, period_start
+from billing.representations import customer_data, price_data, subscription_data
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
+from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
+from outbox.services import emit_event
+
+# Longest billing interval accepted: three years, in each interval's unit.
+MAX_INTERVAL_COUNT = {"day": 3 * 366, "week": 3 * 52, "month": 3 * 12, "year": 3}
+# Longest trial, as Stripe allows: 730 days.
+MAX_TRIAL_DAYS = 730
+# How far in the past an explicit billing_cycle_anchor may lie (client clock skew, "start of today").
+ANCHOR_PAST_TOLERANCE = timedelta(hours=24)
+
+
+def database_now() -> datetime:
+    """PostgreSQL's ``now()`` (the current transaction's start time, UTC-aware)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def billing_now(test_clock: TestClock | None) -> datetime:
+    """The billing time for an object: the clock's ``frozen_time`` if it has a test clock, else the DB's now()."""
+    if test_clock is not None:
+        return test_clock.frozen_time
+    return database_now()
+
+
+def _get(model, object_id: str, *, tenant_id: str, livemode: bool, param: str, noun: str, lock: bool = False):
+    queryset = model.objects.filter(tenant_id=tenant_id, livemode=livemode, pk=object_id)
+    if lock:
+        queryset = queryset.select_for_update()
+    obj = queryset.first()
+    if obj is None:
+        raise NotFoundError(f"No such {noun}: '{object_id}'.", param=param)
+    return obj
+
+
+def create_customer(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    email: str,
+    name: str = "",
+    external_id: str = "",
+    default_payment_method: str = "",
+    metadata: dict[str, str] | None = None,
+    test_clock_id: str | None = None,
+) -> Customer:
+    """Create a customer and emit ``customer.created``.
+
+    ``test_clock_id`` attaches the customer (and so its subscriptions) to a test clock of
+    the same tenant; clocks are test-mode only. Raises :class:`InvalidRequestError` for a
+    clock in live mode, :class:`NotFoundError` for an unknown clock.
+    """
+    with transaction.atomic():
+        clock = None
+        if test_clock_id:
+            if livemode:
+                raise InvalidRequestError(
+                    "Test clocks exist in test mode only; use a test key.", code="test_mode_only", param="test_clock"
+                )
+            clock = _get(
+                TestClock, test_clock_id, tenant_id=tenant_id, livemode=livemode, param="test_clock", noun="test clock"
+            )
+        customer = Customer.objects.create(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            email=email,
+            name=name,
+            external_id=external_id,
+            default_payment_method=default_payment_method,
+            metadata=metadata or {},
+            test_clock=clock,
+        )
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="customer.created",
+            data=customer_data(customer),
+            created_at=billing_now(clock),
+        )
+    return customer
+
+
+def validate_price_terms(*, amount: int, currency: str, interval: str, interval_count: int) -> None:
+    """Raise :class:`InvalidRequestError` unless the terms are billable.
+
+    ``amount`` 0..``MAX_AMOUNT`` minor units; ``currency`` a lower-case code of
+    :data:`hardcount.money.CURRENCY_EXPONENTS`; ``interval`` one of day/week/month/year;
+    ``interval_count`` 1 up to three years (:data:`MAX_INTERVAL_COUNT`).
+    """
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= MAX_AMOUNT:
+        raise InvalidRequestError(
+            f"amount must be an integer from 0 to {MAX_AMOUNT} (minor units).",
+            code="parameter_out_of_range",
+            param="amount",
+        )
+    if currency not in CURRENCY_EXPONENTS:
+        raise InvalidRequestError(f"Unsupported currency: '{currency}'.", code="currency_unsupported", param="currency")
+    if interval not in INTERVALS:
+        raise InvalidRequestError(f"interval must be one of {', '.join(INTERVALS)}.", param="interval")
+    cap = MAX_INTERVAL_COUNT[interval]
+    if not 1 <= interval_count <= cap:
+        raise InvalidRequestError(
+            f"interval_count must be from 1 to {cap} for interval '{interval}' (at most three years).",
+            code="parameter_out_of_range",
+            param="interval_count",
+        )
+
+
+def create_price(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    amount: int,
+    currency: str,
+    interval: str,
+    interval_count: int = 1,
+    nickname: str = "",
+    active: bool = True,
+) -> Price:
+    """Create a recurring price of ``amount`` minor units of ``currency`` and emit ``price.created``.
+
+    Minor units follow the currency's ISO 4217 exponent: 1000 ``usd`` is $10.00, 1000
+    ``jpy`` is ¥1,000. Raises :class:`InvalidRequestError` (see :func:`validate_price_terms`).
+    """
+    validate_price_terms(amount=amount, currency=currency, interval=interval, interval_count=interval_count)
+    with transaction.atomic():
+        price = Price.objects.create(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            amount=amount,
+            currency=currency,
+            interval=interval,
+            interval_count=interval_count,
+            nickname=nickname,
+            active=active,
+        )
+        emit_event(tenant_id=tenant_id, livemode=livemode, type="price.created", data=price_data(price))
+    return price
+
+
+def create_subscription(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    customer_id: str,
+    price_id: str,
+    billing_cycle_anchor: datetime | None = None,
+    trial_end: datetime | None = None,
+    trial_period_days: int | None = None,
+    cancel_at_period_end: bool = False,
+    metadata: dict[str, str] | None = None,
+) -> Subscription:
+    """Subscribe a customer to a price and emit ``subscription.created``.
+
+    The subscription takes the customer's test clock, if any, and "now" is then the
+    clock's time. Billing is in advance (SPEC §2): ``next_billing_at`` is the anchor, so
+    the next drain bills the first period. The anchor defaults to now; with a trial
+    (``trial_end``, or ``trial_period_days`` from now) the anchor is the trial's end, the
+    status ``trialing`` and the current period the trial (decision 0004).
+
+    Rules (each an :class:`InvalidRequestError` naming its param): the price is active;
+    the customer's currency, once set, equals the price's (else it is set now, under the
+    customer's row lock); not both ``trial_end`` and ``trial_period_days``; a trial ends
+    after now and at most 730 days later; no explicit anchor with a trial; an anchor no
+    more than 24 hours before now and no later than one billing interval after now.
+    Unknown customer or price: :class:`NotFoundError`.
+    """
+    with transaction.atomic():
+        customer = _get(
+            Customer, customer_id, tenant_id=tenant_id, livemode=livemode, param="customer", noun="customer", lock=True
+        )
+        price = _get(Price, price_id, tenant_id=tenant_id, livemode=livemode, param="price", noun="price")
+        if not price.active:
+            raise InvalidRequestError(f"Price '{price.id}' is not active.", code="price_inactive", param="price")
+        if customer.currency and customer.currency != price.currency:
+            raise InvalidRequestError(
+                f"The customer is billed in {customer.currency}; the price is in {price.currency}.",
+                code="currency_mismatch",
+                param="price",
+            )
+        clock = customer.test_clock
+        now = billing_now(clock)
+        trial_end = _resolve_trial(now, trial_end=trial_end, trial_period_days=trial_period_days)
+        if trial_end is not None:
+            if billing_cycle_anchor is not None:
+                raise InvalidRequestError(
+                    "billing_cycle_anchor cannot be combined with a trial: the trial's end is the anchor.",
+                    param="billing_cycle_anchor",
+                )
+            anchor = trial_end
+        else:
+            anchor = now if billing_cycle_anchor is None else billing_cycle_anchor
+            _check_anchor(now, anchor, price)
+
+        if not customer.currency:
+            customer.currency = price.currency
+            customer.save(update_fields=["currency"])
+        subscription = Subscription.objects.create(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            customer=customer,
+            price=price,
+            status=Subscription.TRIALING if trial_end else Subscription.ACTIVE,
+            billing_cycle_anchor=anchor,
+            trial_end=trial_end,
+            current_period_start=now if trial_end else None,
+            current_period_end=trial_end,
+            next_billing_at=anchor,
+            test_clock=clock,
+            cancel_at_period_end=cancel_at_period_end,
+            metadata=metadata or {},
+        )
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="subscription.created",
+            data=subscription_data(subscription),
+            created_at=now,
+        )
+    return subscription
+
+
+def _resolve_trial(now: datetime, *, trial_end: datetime | None, trial_period_days: int | None) -> datetime | None:
+    if trial_end is not None and trial_period_days is not None:
+        raise InvalidRequestError("Give trial_end or trial_period_days, not both.", param="trial_period_days")
+    if trial_period_days is not None:
+        if not 1 <= trial_period_days <= MAX_TRIAL_DAYS:
+            raise InvalidRequestError(
+                f"trial_period_days must be from 1 to {MAX_TRIAL_DAYS}.",
+                code="parameter_out_of_range",
+                param="trial_period_days",
+            )
+        return now + timedelta(days=trial_period_days)
+    if trial_end is not None:
+        if trial_end <= now:
+            raise InvalidRequestError("trial_end must be in the future.", param="trial_end")
+        if trial_end > now + timedelta(days=MAX_TRIAL_DAYS):
+            raise InvalidRequestError(
+                f"trial_end must be at most {MAX_TRIAL_DAYS} days from now.",
+                code="parameter_out_of_range",
+                param="trial_end",
+            )
+    return trial_end
+
+
+def _check_anchor(now: datetime, anchor: datetime, price: Price) -> None:
+    if anchor < now - ANCHOR_PAST_TOLERANCE:
+        raise InvalidRequestError(
+            "billing_cycle_anchor may be at most 24 hours in the past (backdating is not supported).",
+            param="billing_cycle_anchor",
+        )
+    latest = period_start(now, price.interval, price.interval_count, 1)
+    if anchor > latest:
+        raise InvalidRequestError(
+            "billing_cycle_anchor may be at most one billing interval after now.",
+            param="billing_cycle_anchor",
+        )
+
+
+def cancel_subscription(
+    *, tenant_id: str, livemode: bool, subscription_id: str, at_period_end: bool = False
+) -> Subscription:
+    """Cancel a subscription now, or at the end of its current period.
+
+    Now: ``status=canceled``, ``canceled_at`` = ``ended_at`` = now, nothing more is billed
+    (``next_billing_at`` cleared), event ``subscription.canceled``. At period end: sets
+    ``cancel_at_period_end`` (and ``canceled_at``, when the request was made, as Stripe
+    does), event ``subscription.updated``; the drain ends it when the period ends. Asking
+    again for an at-period-end cancellation changes nothing and emits nothing.
+    Raises :class:`NotFoundError`, or :class:`StateConflictError` when already canceled.
+    """
+    with transaction.atomic():
+        subscription = _get(
+            Subscription,
+            subscription_id,
+            tenant_id=tenant_id,
+            livemode=livemode,
+            param="id",
+            noun="subscription",
+            lock=True,
+        )
+        if subscription.status == Subscription.CANCELED:
+            raise StateConflictError(
+                f"Subscription '{subscription.id}' is already canceled.", code="subscription_canceled"
+            )
+        now = billing_now(subscription.test_clock)
+        if at_period_end:
+            if subscription.cancel_at_period_end:
+                return subscription
+            subscription.cancel_at_period_end = True
+            subscription.canceled_at = now
+            subscription.save(update_fields=["cancel_at_period_end", "canceled_at", "updated_at"])
+            event_type = "subscription.updated"
+        else:
+            subscription.status = Subscription.CANCELED
+            subscription.canceled_at = now
+            subscription.ended_at = now
+            subscription.next_billing_at = None
+            subscription.save(update_fields=["status", "canceled_at", "ended_at", "next_billing_at", "updated_at"])
+            event_type = "subscription.canceled"
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type=event_type,
+            data=subscription_data(subscription),
+            created_at=now,
+        )
+    return subscription
+
+
+__all__ = [
+    "MAX_INTERVAL_COUNT",
+    "MAX_TRIAL_DAYS",
+    "billing_now",
+    "cancel_subscription",
+    "create_customer",
+    "create_price",
+    "create_subscription",
+    "database_now",
+    "validate_price_terms",
+]

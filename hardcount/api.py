@@ -1,0 +1,562 @@
+"""The API's shared machinery: the base view, strict input fields, pagination, schema helpers.
+
+Every endpoint is an :class:`ApiView` (see ``docs/api-conventions.md``):
+
+- authentication by bearer key (:mod:`hardcount.auth`) sets ``request.tenant`` and
+  ``request.livemode``; :meth:`ApiView.scoped` filters any queryset to them and
+  :meth:`ApiView.get_scoped` fetches one object by id or raises 404;
+- input is strict: :meth:`ApiView.read_body` and :meth:`ApiView.read_query` validate with a
+  :class:`StrictSerializer` (unknown fields refused; ints must be JSON integers, strings
+  strings, booleans booleans) and raise 400/415/422 through :mod:`hardcount.errors`;
+- lists go through :meth:`ApiView.paginate` (``limit`` 1–100, default 10;
+  ``starting_after``; newest first);
+- every POST honours ``Idempotency-Key`` (:mod:`hardcount.idempotency`) with no code in
+  the view;
+- the OpenAPI document gets the standard error responses and the ``Idempotency-Key``
+  header added by :class:`HardcountAutoSchema`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db.models import Model, QuerySet
+from django.http import HttpResponse
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, extend_schema_field
+from rest_framework import serializers
+from rest_framework.exceptions import ParseError
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from hardcount import idempotency
+from hardcount.auth import ApiKeyAuthentication
+from hardcount.errors import MalformedRequest, PayloadTooLarge, ResourceMissing
+from hardcount.ids import PREFIXES
+
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 100
+
+# Ids are "<prefix>_" + 26 lower-case Crockford base32 characters (hardcount.ids).
+_ID_BODY = "[0-9abcdefghjkmnpqrstvwxyz]{26}"
+
+
+def id_pattern(kind: str) -> str:
+    """The anchored regex of ids of ``kind`` (a key of :data:`hardcount.ids.PREFIXES`)."""
+    return f"^{PREFIXES[kind]}_{_ID_BODY}$"
+
+
+def is_id(kind: str, value: Any) -> bool:
+    """True when ``value`` is shaped like an id of ``kind`` (says nothing about existence)."""
+    return isinstance(value, str) and re.fullmatch(id_pattern(kind), value) is not None
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing and rendering
+
+
+class JsonParser(JSONParser):
+    """DRF's strict JSON parser (no NaN/Infinity) that also turns absurd nesting into a 400."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError as exc:
+            raise ParseError("JSON parse error - the body is nested too deeply.") from exc
+
+
+class JsonOnlyNegotiation(BaseContentNegotiation):
+    """Always JSON: the API has one representation, so ``Accept`` never yields a 406."""
+
+    def select_parser(self, request, parsers):
+        for parser in parsers:
+            if request.content_type.split(";")[0].strip().lower() == parser.media_type:
+                return parser
+        return None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+# ---------------------------------------------------------------------------------------
+# Strict input fields
+
+
+def _check_text(field: serializers.Field, value: str) -> None:
+    if "\x00" in value:
+        raise serializers.ValidationError("Must not contain NUL characters.", code="invalid")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise serializers.ValidationError("Must be valid Unicode text.", code="invalid") from exc
+
+
+class StrictCharField(serializers.CharField):
+    """A string and only a string (DRF's ``CharField`` would turn ``12`` into ``"12"``)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        _check_text(self, data)
+        return super().to_internal_value(data)
+
+
+class StrictEmailField(serializers.EmailField):
+    """An email address given as a string."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        _check_text(self, data)
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: strings, booleans and floats (even ``10.0``) are refused."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return data
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON ``true``/``false`` only (no ``"true"``, ``1`` or ``"yes"``)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    """One of ``choices``, given as a string."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class StrictDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 / RFC 3339 date-time string with an explicit offset (``Z`` or ``±hh:mm``), as UTC.
+
+    Naive times are refused rather than guessed; the year must lie in
+    [``min_year``, ``max_year``] so period arithmetic can never overflow.
+    """
+
+    default_error_messages = {
+        "invalid": "Must be an ISO 8601 date-time with a time zone, e.g. 2027-01-31T09:30:00Z.",
+        "range": "Must be between years {min_year} and {max_year}.",
+    }
+
+    def __init__(self, *, min_year: int = 2000, max_year: int = 2100, **kwargs):
+        self.min_year = min_year
+        self.max_year = max_year
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, value):
+        if not isinstance(value, str) or not 10 <= len(value) <= 40:
+            self.fail("invalid")
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            self.fail("invalid")
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            self.fail("invalid")
+        if not self.min_year <= parsed.year <= self.max_year:
+            self.fail("range", min_year=self.min_year, max_year=self.max_year)
+        return parsed.astimezone(UTC)
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "string", "maxLength": 500},
+        "maxProperties": 50,
+        "description": "Up to 50 string keys (1–40 characters) with string values (up to 500 characters).",
+    }
+)
+class MetadataField(serializers.Field):
+    """Key-value metadata, Stripe's rules: up to 50 keys of 1–40 characters, string values up to 500."""
+
+    MAX_KEYS = 50
+    MAX_KEY_LENGTH = 40
+    MAX_VALUE_LENGTH = 500
+
+    default_error_messages = {
+        "invalid": "Must be an object of string values.",
+        "too_many": "At most 50 keys.",
+        "key": "Keys must be 1 to 40 characters.",
+        "value": "Values must be strings of at most 500 characters.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        if len(data) > self.MAX_KEYS:
+            self.fail("too_many")
+        for key, value in data.items():
+            if not 1 <= len(key) <= self.MAX_KEY_LENGTH:
+                self.fail("key")
+            if not isinstance(value, str) or len(value) > self.MAX_VALUE_LENGTH:
+                self.fail("value")
+            _check_text(self, key)
+            _check_text(self, value)
+        return dict(data)
+
+    def to_representation(self, value):
+        return value
+
+
+class StrictSerializer(serializers.Serializer):
+    """Input serializer that refuses unknown fields (422 ``parameter_unknown``) and non-object bodies."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, Mapping):
+            raise serializers.ValidationError({"non_field_errors": ["The body must be a JSON object."]}, code="invalid")
+        unknown = sorted(set(data) - {name for name, f in self.fields.items() if not f.read_only})
+        if unknown:
+            raise serializers.ValidationError(
+                {unknown[0]: [serializers.ErrorDetail("Unknown parameter.", code="unknown_field")]}
+            )
+        return super().to_internal_value(data)
+
+
+class QueryIntegerField(serializers.IntegerField):
+    """An integer query parameter: decimal digits only (no sign, no spaces, no exponent)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not re.fullmatch(r"[0-9]{1,9}", data):
+            self.fail("invalid")
+        return int(data)
+
+
+class QueryCharField(StrictCharField):
+    """A string query parameter (max 255 characters unless told)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_length", 255)
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+
+class ListQuery(StrictSerializer):
+    """Query parameters of every list: ``limit`` (1–100, default 10) and ``starting_after`` (an id of the list)."""
+
+    limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
+    starting_after = QueryCharField(
+        help_text="An object id from the previous page: the list continues after it (older objects)."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Schema helpers
+
+
+def object_field(name: str) -> serializers.Field:
+    """The ``object`` field of an output schema: the constant string ``name`` (documented as a one-value enum)."""
+    field_class = extend_schema_field({"type": "string", "enum": [name]})(
+        type(f"{name.title().replace('_', '')}ObjectField", (serializers.CharField,), {})
+    )
+    return field_class()
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["invalid_request_error", "authentication_error", "api_error"])
+    code = serializers.CharField(help_text="Machine-readable code, e.g. `parameter_invalid`, `resource_missing`.")
+    message = serializers.CharField(help_text="Human-readable explanation.")
+    param = serializers.CharField(allow_null=True, help_text="The parameter or header at fault, if one is.")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The error body of every 4xx/5xx response."""
+
+    error = ErrorDetailSerializer()
+
+
+ERROR = ErrorSerializer
+
+_LIST_CACHE: dict[str, type[serializers.Serializer]] = {}
+
+
+def list_of(item: type[serializers.Serializer], name: str) -> type[serializers.Serializer]:
+    """A schema-only serializer for ``{"object": "list", "data": [item…], "has_more": bool}``, named ``name``."""
+    if name not in _LIST_CACHE:
+        _LIST_CACHE[name] = type(
+            name,
+            (serializers.Serializer,),
+            {
+                "object": object_field("list"),
+                "data": item(many=True),
+                "has_more": serializers.BooleanField(),
+                "__doc__": f"A page of objects, newest first. `has_more` is true when `starting_after` the last "
+                f"one gives more. ({name})",
+            },
+        )
+    return _LIST_CACHE[name]
+
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    name=idempotency.HEADER,
+    type=str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description="Any unique string up to 255 printable ASCII characters. The same key with the same request "
+    "replays the first response (header `Idempotent-Replayed: true`); with a different request it is a 422; "
+    "while the first request is still executing it is a 409. Keys are kept 24 hours.",
+)
+
+
+class HardcountAutoSchema(AutoSchema):
+    """drf-spectacular schema that documents what every endpoint can answer, besides its own responses.
+
+    Adds the view's ``<method>_query`` serializer as query parameters; 401 everywhere; for
+    POST the ``Idempotency-Key`` header and 400, 409, 413, 415, 422; 404 where the path has
+    an id or the list takes ``starting_after``; 422 where there are query parameters.
+    """
+
+    def get_description(self):
+        # Only docstrings written on the endpoint itself, never the base view's.
+        method = getattr(self.view, self.method.lower(), None)
+        return (method.__doc__ if method is not None else None) or self.view.__class__.__dict__.get("__doc__") or ""
+
+    def _query_serializer(self):
+        return getattr(self.view, f"{self.method.lower()}_query", None)
+
+    def get_override_parameters(self):
+        params = list(super().get_override_parameters())
+        query = self._query_serializer()
+        if query is not None:
+            params.append(query)
+        if self.method == "POST":
+            params.append(IDEMPOTENCY_PARAMETER)
+        return params
+
+    def _error_codes(self) -> set[int]:
+        codes = {401}
+        query = self._query_serializer()
+        if self.method == "POST":
+            codes |= {400, 409, 413, 415, 422}
+        if "{" in self.path:
+            codes.add(404)
+        if query is not None and query().fields:
+            codes.add(422)
+            if "starting_after" in query().fields:
+                codes.add(404)
+        return codes
+
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        for code in sorted(self._error_codes()):
+            responses.setdefault(str(code), self._get_response_for_code(ERROR, str(code), direction=direction))
+        return dict(sorted(responses.items()))
+
+
+# ---------------------------------------------------------------------------------------
+# The base view
+
+
+class _Replayed(Exception):
+    """Raised from :meth:`ApiView.initial` to answer with a stored idempotent response."""
+
+    def __init__(self, response: HttpResponse):
+        super().__init__("idempotent replay")
+        self.response = response
+
+
+class ApiView(APIView):
+    """Base of every /v1 endpoint: auth by key, tenant+mode scoping, strict JSON, idempotent POSTs.
+
+    Subclasses implement ``get``/``post``; declare ``<method>_query`` (a :class:`ListQuery`
+    or :class:`StrictSerializer` subclass) to have query parameters validated and
+    documented. Inside a handler use ``self.tenant``, ``self.livemode``, :meth:`scoped`,
+    :meth:`get_scoped`, :meth:`read_body`, :meth:`read_query` and :meth:`paginate`.
+    """
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated]
+    parser_classes = [JsonParser]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = JsonOnlyNegotiation
+    schema = HardcountAutoSchema()
+
+    # Statuses whose response is stored under an Idempotency-Key: the request executed.
+    # Anything else (validation errors, 404s, 5xx) releases the key, as Stripe does.
+    _IDEMPOTENT_STORED = frozenset({402, 409})
+
+    @property
+    def tenant(self):
+        """The :class:`~hardcount.models.Tenant` of the request's API key."""
+        return self.request.tenant
+
+    @property
+    def livemode(self) -> bool:
+        """True for a live key, False for a test key."""
+        return self.request.livemode
+
+    # -- scoping ---------------------------------------------------------------------
+
+    def scoped(self, queryset: QuerySet | type[Model]) -> QuerySet:
+        """``queryset`` restricted to the caller's tenant and mode. Every query of a view goes through this."""
+        if isinstance(queryset, type):
+            queryset = queryset.objects.all()
+        return queryset.filter(tenant_id=self.tenant.pk, livemode=self.livemode)
+
+    def get_scoped(self, queryset: QuerySet | type[Model], object_id: Any, *, kind: str, param: str | None = None):
+        """The object ``object_id`` of the caller's tenant and mode, or 404 ``resource_missing``.
+
+        ``kind`` is the id kind (``"customer"``) used to check the id's shape and name the
+        object in the message; ``param`` names the body or query field the id came from.
+        Another tenant's or mode's id gives exactly the answer of an id that never existed.
+        """
+        noun = kind.replace("_", " ")
+        if not is_id(kind, object_id):
+            raise ResourceMissing(f"No such {noun}: '{object_id}'.", param=param)
+        obj = self.scoped(queryset).filter(pk=object_id).first()
+        if obj is None:
+            raise ResourceMissing(f"No such {noun}: '{object_id}'.", param=param)
+        return obj
+
+    # -- input -----------------------------------------------------------------------
+
+    def read_body(self, serializer_class: type[serializers.Serializer], **context) -> dict[str, Any]:
+        """Parse the JSON body and validate it with ``serializer_class``; returns ``validated_data``.
+
+        An empty body is ``{}``. Raises 400 (unreadable JSON, not an object), 415 (not
+        ``application/json``) or 422 (invalid or unknown fields).
+        """
+        data = self.request.data
+        if not isinstance(data, Mapping):
+            raise MalformedRequest("The request body must be a JSON object.", code="body_not_object")
+        serializer = serializer_class(data=data, context={"view": self, "request": self.request, **context})
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    def read_query(self, serializer_class: type[serializers.Serializer] | None = None) -> dict[str, Any]:
+        """Validate the query string with ``serializer_class`` (default ``<method>_query``); 422 on bad input.
+
+        Unknown query parameters are refused, like unknown body fields.
+        """
+        serializer_class = serializer_class or getattr(self, f"{self.request.method.lower()}_query")
+        raw = {key: self.request.query_params.get(key) for key in self.request.query_params}
+        serializer = serializer_class(data=raw)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+
+    # -- lists -----------------------------------------------------------------------
+
+    def paginate(
+        self,
+        queryset: QuerySet,
+        render: Callable[[Any], dict[str, Any]],
+        query: Mapping[str, Any],
+        *,
+        kind: str,
+        cursor_scope: QuerySet | None = None,
+    ) -> Response:
+        """Render one page of ``queryset`` (already scoped and filtered) newest first.
+
+        ``query`` is the validated :class:`ListQuery`. ``starting_after`` must be the id of
+        an object of the caller's ``cursor_scope`` (default: the same model, scoped), else
+        404 with ``param`` ``starting_after``. Ids sort by creation time (ULID layout),
+        so ``id < cursor`` in descending id order is a stable keyset page.
+        """
+        limit = query.get("limit") or DEFAULT_LIMIT
+        cursor = query.get("starting_after")
+        if cursor:
+            scope = cursor_scope if cursor_scope is not None else self.scoped(queryset.model)
+            self.get_scoped(scope, cursor, kind=kind, param="starting_after")
+            queryset = queryset.filter(pk__lt=cursor)
+        rows = list(queryset.order_by("-pk")[: limit + 1])
+        return Response(
+            {"object": "list", "data": [render(row) for row in rows[:limit]], "has_more": len(rows) > limit}
+        )
+
+    # -- idempotency -----------------------------------------------------------------
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        self._idempotency_claim = None
+        if request.method != "POST":
+            return
+        key = idempotency.validate_key(request.headers.get(idempotency.HEADER))
+        if key is None:
+            return
+        try:
+            body = request._request.body
+        except RequestDataTooBig as exc:
+            raise PayloadTooLarge(f"Request body exceeds {settings.HARDCOUNT_MAX_BODY_BYTES} bytes.") from exc
+        result = idempotency.begin(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            key=key,
+            request_fingerprint=idempotency.fingerprint(request.method, request.path, body),
+        )
+        if isinstance(result, idempotency.Replay):
+            response = HttpResponse(result.content, status=result.status, content_type="application/json")
+            response["Idempotent-Replayed"] = "true"
+            raise _Replayed(response)
+        self._idempotency_claim = result
+
+    def handle_exception(self, exc):
+        if isinstance(exc, _Replayed):
+            return exc.response
+        try:
+            return super().handle_exception(exc)
+        except Exception:
+            claim = getattr(self, "_idempotency_claim", None)
+            if claim is not None:
+                self._idempotency_claim = None
+                idempotency.abandon(claim)
+            raise
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        claim = getattr(self, "_idempotency_claim", None)
+        if claim is not None:
+            self._idempotency_claim = None
+            status_code = response.status_code
+            if status_code < 400 or status_code in self._IDEMPOTENT_STORED:
+                response.render()
+                idempotency.complete(claim, status=status_code, content=response.content)
+            else:
+                idempotency.abandon(claim)
+        return response
+
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "ERROR",
+    "IDEMPOTENCY_PARAMETER",
+    "MAX_LIMIT",
+    "ApiView",
+    "ErrorSerializer",
+    "HardcountAutoSchema",
+    "JsonOnlyNegotiation",
+    "JsonParser",
+    "ListQuery",
+    "MetadataField",
+    "QueryCharField",
+    "QueryIntegerField",
+    "StrictBooleanField",
+    "StrictCharField",
+    "StrictChoiceField",
+    "StrictDateTimeField",
+    "StrictEmailField",
+    "StrictIntegerField",
+    "StrictSerializer",
+    "id_pattern",
+    "is_id",
+    "list_of",
+    "object_field",
+]

@@ -1,0 +1,82 @@
+"""API authentication: ``Authorization: Bearer hc_test_…|hc_live_…`` (SPEC §2, §7).
+
+The key decides everything: its tenant and its mode. After authentication the request
+carries ``request.tenant`` (a :class:`~hardcount.models.Tenant`), ``request.livemode``
+(bool) and ``request.auth`` (the :class:`~hardcount.models.ApiKey` row). Only the
+SHA-256 of a key is stored, so lookup is by hash; revoked keys are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework.authentication import BaseAuthentication
+
+from hardcount.errors import Unauthenticated
+from hardcount.models import LIVE_KEY_PREFIX, TEST_KEY_PREFIX, ApiKey, Tenant, hash_api_key
+
+# Longest key accepted before hashing: real keys are 8 + 32 characters.
+_MAX_KEY_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class ApiPrincipal:
+    """``request.user`` for an API call: the tenant and mode of the key used."""
+
+    tenant: Tenant
+    livemode: bool
+    is_authenticated: bool = True
+    is_anonymous: bool = False
+
+
+def _key_from_header(header: str) -> str:
+    scheme, _, key = header.strip().partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise Unauthenticated("Use the Authorization header: Bearer <api key>.")
+    if len(key) > _MAX_KEY_LENGTH or not key.startswith((TEST_KEY_PREFIX, LIVE_KEY_PREFIX)):
+        raise Unauthenticated("Invalid API key.")
+    return key
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """DRF authentication by bearer API key.
+
+    Raises :class:`~hardcount.errors.Unauthenticated` (401) for a missing, malformed,
+    unknown or revoked key; on success sets ``request.tenant`` and ``request.livemode``.
+    """
+
+    def authenticate(self, request):
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            raise Unauthenticated("No API key provided. Use the Authorization header: Bearer <api key>.")
+        key = _key_from_header(header)
+        api_key = (
+            ApiKey.objects.select_related("tenant").filter(key_hash=hash_api_key(key), revoked_at__isnull=True).first()
+        )
+        if api_key is None:
+            raise Unauthenticated("Invalid API key.")
+        for target in (request, request._request):
+            target.tenant = api_key.tenant
+            target.livemode = api_key.livemode
+        return ApiPrincipal(tenant=api_key.tenant, livemode=api_key.livemode), api_key
+
+    def authenticate_header(self, request) -> str:
+        # A non-empty value makes DRF answer 401 (not 403) to unauthenticated requests.
+        return 'Bearer realm="hardcount"'
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents :class:`ApiKeyAuthentication` as an HTTP bearer scheme in the OpenAPI document."""
+
+    target_class = "hardcount.auth.ApiKeyAuthentication"
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A secret key `hc_test_…` (test mode) or `hc_live_…` (live mode). "
+            "The key decides the tenant and the mode of every object the request sees.",
+        }
