@@ -1,0 +1,113 @@
+"""localstripe as Hardcount uses it in development and tests, with the fixes the gateway relies on.
+
+localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways that matter to
+:mod:`billing.gateway`:
+
+1. A PaymentIntent whose charge was declined cannot be confirmed again: its
+   ``POST /v1/payment_intents/{id}/confirm`` refuses ``payment_method`` (``500 Not
+   implemented``) and ``off_session``, and a declined intent never returns to
+   ``requires_confirmation``. Stripe accepts a new confirmation of a ``requires_payment_method``
+   intent with a payment method, which is how every retry of an invoice reaches the card.
+2. A card error on a PaymentIntent carries only ``code`` and ``charge``; Stripe also sends
+   ``decline_code`` and the ``payment_intent`` object.
+
+:func:`apply_localstripe_fixes` patches localstripe's classes in the process that serves it so
+it behaves as Stripe does in those two respects. :func:`main` serves an in-memory localstripe
+(no pickling to ``/tmp``) on a port: ``python -m billing.devstripe --port 8420``. The test
+suite starts it this way; ``hardcount.devstack`` may call :func:`apply_localstripe_fixes` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+
+def apply_localstripe_fixes() -> None:
+    """Patch localstripe's ``PaymentIntent`` in this process (idempotent; see the module docstring)."""
+    from localstripe import resources
+    from localstripe.errors import UserError
+
+    pi_cls = resources.PaymentIntent
+    if getattr(pi_cls, "_hardcount_fixed", False):
+        return
+
+    def _api_confirm(cls, id, payment_method=None, off_session=None, **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        if not (isinstance(id, str) and id.startswith("pi_")):
+            raise UserError(400, "Bad request")
+        obj = cls._api_retrieve(id)
+        if payment_method is not None:
+            if not isinstance(payment_method, str):
+                raise UserError(400, "Bad request")
+            resources.PaymentMethod._api_retrieve(payment_method)  # 404 when unknown
+            if obj.status not in ("requires_payment_method", "requires_confirmation"):
+                raise UserError(
+                    400,
+                    f"This PaymentIntent's status is {obj.status}; it cannot be confirmed.",
+                    {"code": "payment_intent_unexpected_state"},
+                )
+            # A new confirmation makes a new charge, as in Stripe.
+            obj.payment_method = payment_method
+            obj.latest_charge = None
+        if obj.status != "requires_confirmation":
+            raise UserError(
+                400,
+                f"This PaymentIntent's status is {obj.status}; it cannot be confirmed.",
+                {"code": "payment_intent_unexpected_state"},
+            )
+        obj._confirm(on_failure_now=obj._report_failure)
+        return obj
+
+    original_report_failure = pi_cls._report_failure
+
+    def _report_failure(self):
+        try:
+            original_report_failure(self)
+        except UserError as exc:
+            exc.body["error"].setdefault("decline_code", "generic_decline")
+            exc.body["error"]["payment_intent"] = self._export()
+            raise
+
+    pi_cls._api_confirm = classmethod(_api_confirm)
+    pi_cls._report_failure = _report_failure
+    # The route table captured the original bound method: point it at the fixed one.
+    resources.extra_apis[:] = [
+        (method, url, pi_cls._api_confirm if url == "/v1/payment_intents/{id}/confirm" else func)
+        for method, url, func in resources.extra_apis
+    ]
+    pi_cls._hardcount_fixed = True
+
+
+def _keep_store_in_memory() -> None:
+    """localstripe pickles its whole store to a shared ``/tmp`` file on every write: turn that off."""
+    from localstripe import resources
+
+    resources.Store.dump_to_disk = lambda self: None
+    resources.Store.try_load_from_disk = lambda self: None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a fixed, in-memory localstripe on ``127.0.0.1:<port>`` until killed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    import logging
+
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _keep_store_in_memory()
+    apply_localstripe_fixes()
+    # Imported after the fixes: the server registers routes from resources.extra_apis at import.
+    from aiohttp import web
+    from localstripe.server import app
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    web.run_app(app, sock=sock, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

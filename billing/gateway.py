@@ -1,0 +1,240 @@
+"""The payment gateway: Stripe PaymentIntents through the real ``stripe`` library.
+
+``settings.STRIPE_API_BASE`` points the library at ``localstripe`` in development and tests
+(unset: Stripe itself); ``settings.STRIPE_API_KEY`` is the secret key;
+``settings.HARDCOUNT_GATEWAY_TIMEOUT_S`` bounds every HTTP request. The library's own network
+retries are off: every retry is a decision of the caller, made with an idempotency key the
+caller chose (docs/decisions/0011-payment-attempts-and-idempotency-keys.md).
+
+Idempotency keys (SPEC §4), all derived from Hardcount ids so a crashed process re-derives them:
+
+- ``hc:{invoice_id}:create`` creates and confirms the invoice's one PaymentIntent;
+- ``hc:{invoice_id}:attempt:{n}`` confirms it again for payment attempt ``n`` (a ladder or
+  dunning retry), so a retry really reaches the card instead of replaying the first decline;
+- ``hc:{customer_id}:customer`` creates the gateway customer, lazily, on the first charge;
+- ``hc:{customer_id}:attach:{pm}`` attaches a payment method to it.
+
+Outcomes of a charge, told apart by the exception classes the library raises:
+
+- ``succeeded``: the PaymentIntent succeeded;
+- ``declined``: ``stripe.CardError`` (HTTP 402), with the ``decline_code``;
+- ``unknown``: ``stripe.APIConnectionError`` (timeout, connection reset: the request may have
+  run); it is resolved by sending the same request under the same key again, never by a new key;
+- ``error``: anything else (5xx, 429, other 4xx, authentication). A 5xx, 409 or 429, or no
+  HTTP status at all, is *transient*: the next try re-sends the same request under the same key
+  (Stripe replays a stored result, or runs a request that never ran). Other 4xx are final.
+
+Amounts go to Stripe exactly as stored: integer minor units, so 1000 JPY is ``amount=1000``
+(the yen has no minor unit) and 1000 USD cents is ``amount=1000``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import stripe
+from django.conf import settings
+
+SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
+
+# The library logs every request at INFO; payment attempts are our record of calls.
+logging.getLogger("stripe").setLevel(logging.WARNING)
+
+
+def create_key(invoice_id: str) -> str:
+    """Idempotency key of the request that creates and confirms the invoice's PaymentIntent."""
+    return f"hc:{invoice_id}:create"
+
+
+def attempt_key(invoice_id: str, attempt_number: int) -> str:
+    """Idempotency key of confirmation attempt ``attempt_number`` (≥ 2) on the invoice's PaymentIntent."""
+    return f"hc:{invoice_id}:attempt:{attempt_number}"
+
+
+def is_transient_status(http_status: int | None) -> bool:
+    """True when a failed request should be re-sent under its own key (no status, 409, 429, 5xx)."""
+    return http_status is None or http_status in (409, 429) or http_status >= 500
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """One charge to send: ``amount`` minor units of ``currency`` for ``invoice_id``.
+
+    ``payment_intent_id`` empty: create and confirm a PaymentIntent under ``idempotency_key``;
+    set: confirm that PaymentIntent again. ``gateway_customer_id`` empty: the gateway customer is
+    created first (under a key derived from ``customer_id``). The body sent under a key is a
+    function of these fields only, so a same-key retry sends the same body.
+    """
+
+    invoice_id: str
+    customer_id: str
+    customer_email: str
+    customer_name: str
+    gateway_customer_id: str
+    payment_method: str
+    attach_payment_method: bool
+    amount: int
+    currency: str
+    idempotency_key: str
+    payment_intent_id: str = ""
+    tenant_id: str = ""
+
+
+@dataclass
+class ChargeResult:
+    """What the gateway said. ``outcome`` is one of succeeded/declined/unknown/error.
+
+    ``gateway_customer_id`` / ``payment_method_attached`` report side effects learned on the
+    way (the caller saves them); ``http_status`` is None when no HTTP answer arrived.
+    """
+
+    outcome: str
+    payment_intent_id: str = ""
+    decline_code: str = ""
+    error_message: str = ""
+    http_status: int | None = None
+    gateway_customer_id: str = ""
+    payment_method_attached: bool = False
+
+    @property
+    def transient(self) -> bool:
+        """True when the same request should be re-sent under the same key on the next try."""
+        return self.outcome == UNKNOWN or (self.outcome == ERROR and is_transient_status(self.http_status))
+
+
+class Gateway:
+    """A Stripe client bound to one API base, key and timeout. Thread-safe."""
+
+    def __init__(self, *, api_key: str, api_base: str, timeout_s: float):
+        base_addresses = {"api": api_base} if api_base else None
+        self._client = stripe.StripeClient(
+            api_key,
+            base_addresses=base_addresses,
+            max_network_retries=0,
+            http_client=stripe.HTTPXClient(timeout=timeout_s, allow_sync_methods=True),
+        )
+
+    # --- customers ----------------------------------------------------------------------------------------------
+
+    def ensure_customer(self, req: ChargeRequest) -> str:
+        """The gateway customer id for ``req``'s customer, creating it (idempotently) when missing."""
+        if req.gateway_customer_id:
+            return req.gateway_customer_id
+        customer = self._client.v1.customers.create(
+            params={
+                "email": req.customer_email,
+                "name": req.customer_name or req.customer_email,
+                "metadata": {"hardcount_customer": req.customer_id, "hardcount_tenant": req.tenant_id},
+            },
+            options={"idempotency_key": f"hc:{req.customer_id}:customer"},
+        )
+        return customer.id
+
+    def attach_payment_method(self, gateway_customer_id: str, customer_id: str, payment_method: str) -> None:
+        """Attach ``payment_method`` to the gateway customer (raises the library's errors)."""
+        self._client.v1.payment_methods.attach(
+            payment_method,
+            params={"customer": gateway_customer_id},
+            options={"idempotency_key": f"hc:{customer_id}:attach:{payment_method}"},
+        )
+
+    # --- charges ------------------------------------------------------------------------------------------------
+
+    def charge(self, req: ChargeRequest) -> ChargeResult:
+        """Send ``req`` and classify the answer; never raises for gateway failures."""
+        result = ChargeResult(outcome=ERROR, gateway_customer_id=req.gateway_customer_id)
+        try:
+            result.gateway_customer_id = self.ensure_customer(req)
+            if req.attach_payment_method:
+                self.attach_payment_method(result.gateway_customer_id, req.customer_id, req.payment_method)
+                result.payment_method_attached = True
+            if req.payment_intent_id:
+                intent = self._client.v1.payment_intents.confirm(
+                    req.payment_intent_id,
+                    params={"payment_method": req.payment_method, "off_session": True},
+                    options={"idempotency_key": req.idempotency_key},
+                )
+            else:
+                intent = self._client.v1.payment_intents.create(
+                    params={
+                        "amount": req.amount,
+                        "currency": req.currency,
+                        "customer": result.gateway_customer_id,
+                        "payment_method": req.payment_method,
+                        "off_session": True,
+                        "confirm": True,
+                        "metadata": {"hardcount_invoice": req.invoice_id, "hardcount_tenant": req.tenant_id},
+                    },
+                    options={"idempotency_key": req.idempotency_key},
+                )
+        except stripe.CardError as exc:
+            result.outcome = DECLINED
+            result.http_status = exc.http_status
+            error = (exc.json_body or {}).get("error", {}) if isinstance(exc.json_body, dict) else {}
+            result.decline_code = error.get("decline_code") or exc.code or "card_declined"
+            result.error_message = exc.user_message or str(exc)
+            result.payment_intent_id = req.payment_intent_id or self._intent_of_card_error(error)
+            return result
+        except stripe.APIConnectionError as exc:
+            result.outcome = UNKNOWN
+            result.error_message = f"connection: {exc.user_message or exc}"
+            result.payment_intent_id = req.payment_intent_id
+            return result
+        except stripe.StripeError as exc:
+            result.outcome = ERROR
+            result.http_status = exc.http_status
+            result.error_message = f"{type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
+            result.payment_intent_id = req.payment_intent_id
+            return result
+        result.payment_intent_id = intent.id
+        if intent.status == "succeeded":
+            result.outcome = SUCCEEDED
+        elif intent.status == "processing":
+            # Asynchronous methods settle later: resolved like an unknown outcome.
+            result.outcome = UNKNOWN
+            result.error_message = "payment processing"
+        else:
+            # requires_action (3-D Secure off-session) or requires_payment_method: the card said no.
+            result.outcome = DECLINED
+            last_error = getattr(intent, "last_payment_error", None) or {}
+            result.decline_code = (
+                (last_error.get("decline_code") or last_error.get("code")) if last_error else None
+            ) or ("authentication_required" if intent.status == "requires_action" else "card_declined")
+            result.error_message = f"PaymentIntent status {intent.status}"
+        return result
+
+    def _intent_of_card_error(self, error: dict) -> str:
+        """The PaymentIntent a card error belongs to: from the error, else through its charge."""
+        intent = error.get("payment_intent")
+        if isinstance(intent, dict) and intent.get("id"):
+            return intent["id"]
+        if isinstance(intent, str):
+            return intent
+        charge_id = error.get("charge")
+        if not charge_id:
+            return ""
+        try:
+            charge = self._client.v1.charges.retrieve(charge_id)
+        except stripe.StripeError:
+            return ""
+        return charge.get("payment_intent") or ""
+
+    def retrieve_payment_intent(self, payment_intent_id: str):
+        """The PaymentIntent object (raises the library's errors)."""
+        return self._client.v1.payment_intents.retrieve(payment_intent_id)
+
+
+_gateways: dict[tuple[str, str, float], Gateway] = {}
+_gateways_lock = threading.Lock()
+
+
+def get_gateway() -> Gateway:
+    """The gateway for the current settings (one client per API base, key and timeout)."""
+    key = (settings.STRIPE_API_KEY, settings.STRIPE_API_BASE, float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
+    with _gateways_lock:
+        gateway = _gateways.get(key)
+        if gateway is None:
+            gateway = _gateways[key] = Gateway(api_key=key[0], api_base=key[1], timeout_s=key[2])
+        return gateway

@@ -1,0 +1,115 @@
+"""Billing fixtures: localstripe (a child process) behind the fault-injecting proxy, and a small book.
+
+localstripe runs once per session on a free port (``python -m billing.devstripe``); every test
+talks to it through :class:`tests.stripe_proxy.StripeProxy`, whose faults are cleared before
+each test. Drain tests use ``transactional_db``: the drain's parallel closes run on their own
+threads and connections, so they must see committed rows.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import stripe
+
+from tests.stripe_proxy import StripeProxy
+
+ROOT = Path(__file__).resolve().parents[2]
+STRIPE_KEY = "sk_test_hardcount_localstripe"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, child: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"localstripe exited with {child.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/v1/customers?limit=1", headers={"Authorization": f"Bearer {STRIPE_KEY}"})
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("localstripe did not answer")
+
+
+@pytest.fixture(scope="session")
+def localstripe_base():
+    """``http://127.0.0.1:<port>`` of a fresh, in-memory localstripe for this session."""
+    port = _free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "billing.devstripe", "--port", str(port)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for(port, child)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+@pytest.fixture(scope="session")
+def proxy_session(localstripe_base):
+    proxy = StripeProxy(localstripe_base).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def stripe_proxy(proxy_session, settings):
+    """The proxy, faults cleared, with the gateway pointed at it (timeout 2 s unless a test lowers it)."""
+    proxy_session.clear()
+    settings.STRIPE_API_BASE = proxy_session.api_base
+    settings.STRIPE_API_KEY = STRIPE_KEY
+    settings.HARDCOUNT_GATEWAY_TIMEOUT_S = 2.0
+    yield proxy_session
+    proxy_session.clear()
+
+
+@pytest.fixture
+def stripe_client(localstripe_base):
+    """A library client straight to localstripe, for test set-up and inspection."""
+    return stripe.StripeClient(STRIPE_KEY, base_addresses={"api": localstripe_base}, max_network_retries=0)
+
+
+VISA = "4242424242424242"
+DECLINING_CARD = "4000000000000341"  # attaches, then every charge is declined (localstripe and Stripe)
+
+
+@pytest.fixture
+def make_card(stripe_client):
+    """``make_card(number) -> "pm_…"``: a card PaymentMethod in localstripe."""
+
+    def make(number: str = VISA) -> str:
+        pm = stripe_client.v1.payment_methods.create(
+            params={"type": "card", "card": {"number": number, "exp_month": 12, "exp_year": 2034, "cvc": "123"}}
+        )
+        return pm.id
+
+    return make
+
+
+T0 = datetime(2027, 1, 1, tzinfo=UTC)
