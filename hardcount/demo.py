@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +123,8 @@ def ensure_operator(path: Path) -> tuple[str, str]:
         and user.check_password(password)
     ):
         return OPERATOR_USERNAME, password
-    password = secrets.token_urlsafe(12)
+    # Letters and digits only, so it reads and pastes cleanly wherever it is printed (~95 bits).
+    password = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16))
     if user is None:
         User.objects.create_superuser(OPERATOR_USERNAME, email="", password=password)
     else:
