@@ -31,6 +31,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -275,8 +276,11 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    """Django-level 400 (e.g. an unreadable request): JSON under /v1."""
+    """Django-level 400 (e.g. an unreadable request, a body over the limit): JSON under /v1."""
     if _is_api_path(request):
+        if isinstance(exception, RequestDataTooBig):
+            body = error_body(INVALID_REQUEST, "body_too_large", "The request body is too large.")
+            return JsonResponse(body, status=413)
         return JsonResponse(error_body(INVALID_REQUEST, "bad_request", "The request could not be read."), status=400)
     from django.views.defaults import bad_request
 

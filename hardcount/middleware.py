@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.http import JsonResponse
 
+from hardcount.errors import INVALID_REQUEST, error_body
+
 
 def error_response(status: int, type_: str, code: str, message: str, param: str | None = None) -> JsonResponse:
-    """The SPEC §7 error body ``{"error": {"type", "code", "message", "param"}}``."""
-    return JsonResponse({"error": {"type": type_, "code": code, "message": message, "param": param}}, status=status)
+    """The SPEC §7 error body ``{"error": {"type", "code", "message", "param"}}`` as a response."""
+    return JsonResponse(error_body(type_, code, message, param), status=status)
 
 
 class BodySizeLimitMiddleware:
     """Refuse API request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB) with a 413.
 
-    Checked on the declared ``Content-Length`` before the body is read, and on the bytes
-    actually read for chunked bodies, so an oversized body is never parsed.
+    Checked on the declared ``Content-Length`` before anything reads the body. Django reads
+    at most ``Content-Length`` bytes, and ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (set to the same
+    limit) backs this check wherever the body is read (answered 413 by
+    :func:`hardcount.errors.handler400` and the API's idempotency step).
     """
 
     def __init__(self, get_response):
@@ -24,16 +30,15 @@ class BodySizeLimitMiddleware:
 
     def __call__(self, request):
         if request.path.startswith("/v1/"):
-            try:
-                declared = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
+            raw = request.META.get("CONTENT_LENGTH") or "0"
+            if not re.fullmatch(r"[0-9]{1,18}", raw):
                 return error_response(
-                    400, "invalid_request_error", "invalid_content_length", "Content-Length is not a number."
+                    400, INVALID_REQUEST, "invalid_content_length", "Content-Length is not a valid number."
                 )
-            if declared > self.limit:
+            if int(raw) > self.limit:
                 return error_response(
                     413,
-                    "invalid_request_error",
+                    INVALID_REQUEST,
                     "body_too_large",
                     f"Request body exceeds {self.limit} bytes.",
                 )
