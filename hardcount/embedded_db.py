@@ -30,9 +30,14 @@ def embedded_connection(data_dir: Path) -> dict[str, str]:
     Returns a dict with ``host`` (the Unix socket directory), ``port``, ``user`` and
     ``name``; the ``hardcount`` database is created on first use.
     """
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir(data_dir)))
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
     import pgserver  # imported late: only the embedded path needs it
+    from pgserver import postgres_server
+
+    # pgserver's own fallback for a too-long socket path lies under the runtime dir (beside the
+    # data, so just as long) and loosens that dir's mode: choose the socket directory ourselves.
+    postgres_server.find_suitable_socket_dir = lambda pgdata, runtime_path: _socket_dir(pgdata)
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(data_dir, cleanup_mode=None)
@@ -54,21 +59,20 @@ def embedded_connection(data_dir: Path) -> dict[str, str]:
 _MAX_SOCKET_PATH = 107
 
 
-def _runtime_dir(data_dir: Path) -> Path:
-    """The runtime directory pgserver uses for its lock file and its fallback socket directory.
+def _socket_dir(data_dir: Path) -> Path:
+    """The directory for the server's Unix socket, created if missing.
 
-    pgserver puts the socket in ``data_dir`` when that path is short enough, else in
-    ``<runtime>/python_PostgresServer/<10 hex>/``. That is ``var/run`` beside the data, unless
-    the clone sits so deep that even this path is too long for a socket: then a short
-    directory in the system temp dir, named by a hash of ``data_dir`` so two clones never share it.
+    ``data_dir`` itself when ``<data_dir>/.s.PGSQL.5432`` fits in a socket path; for a clone
+    so deep that it does not, a short directory in the system temp dir, named by a hash of
+    ``data_dir`` so two clones never share one.
     """
     data_dir = data_dir.expanduser().resolve()
-    preferred = data_dir.parent / "run"
-    fallback_socket = preferred / "python_PostgresServer" / ("0" * 10) / ".s.PGSQL.5432"
-    if len(os.fsencode(fallback_socket)) <= _MAX_SOCKET_PATH:
-        return preferred
+    if len(os.fsencode(data_dir / ".s.PGSQL.5432")) <= _MAX_SOCKET_PATH:
+        return data_dir
     digest = hashlib.sha256(os.fsencode(data_dir)).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"hardcount-{digest}"
+    socket_dir = Path(tempfile.gettempdir()) / f"hardcount-{digest}"
+    socket_dir.mkdir(exist_ok=True)
+    return socket_dir
 
 
 def _apply_server_settings(server) -> bool:

@@ -16,7 +16,7 @@ import stripe
 
 from hardcount import demo
 from hardcount.devstack import WebhookReceiver, start_localstripe, verify_signature
-from hardcount.embedded_db import _MAX_SOCKET_PATH, _runtime_dir
+from hardcount.embedded_db import _MAX_SOCKET_PATH, _socket_dir
 from hardcount.management.commands.serve import DEV_STRIPE_KEY, wants_localstripe
 from hardcount.models import ApiKey, hash_api_key
 
@@ -147,16 +147,18 @@ def test_webhook_receiver_logs_each_delivery_with_its_signature_verdict():
     assert [r["id"] for r in receiver.received] == ["evt_123", "evt_123"]
 
 
-def test_runtime_dir_stays_beside_the_data_when_short():
-    assert _runtime_dir(Path("/srv/hc/var/pgdata")) == Path("/srv/hc/var/run")
+def test_socket_stays_in_the_data_dir_when_its_path_fits():
+    assert _socket_dir(Path("/srv/hc/var/pgdata")) == Path("/srv/hc/var/pgdata")
 
 
-def test_runtime_dir_of_a_deep_clone_is_short_enough_for_a_socket_and_its_own(tmp_path):
+def test_socket_of_a_deep_clone_moves_to_a_short_dir_of_its_own(tmp_path):
     deep = tmp_path / ("a" * 60) / ("b" * 60)
-    runtime = _runtime_dir(deep / "one" / "var" / "pgdata")
-    other = _runtime_dir(deep / "two" / "var" / "pgdata")
-
-    # pgserver's fallback socket: <runtime>/python_PostgresServer/<10 hex>/.s.PGSQL.5432
-    socket_path = runtime / "python_PostgresServer" / ("0" * 10) / ".s.PGSQL.5432"
-    assert len(os.fsencode(socket_path)) <= _MAX_SOCKET_PATH
-    assert runtime != other
+    one = _socket_dir(deep / "one" / "var" / "pgdata")
+    two = _socket_dir(deep / "two" / "var" / "pgdata")
+    try:
+        assert len(os.fsencode(one / ".s.PGSQL.5432")) <= _MAX_SOCKET_PATH
+        assert one != two
+        assert one.is_dir()
+    finally:
+        one.rmdir()
+        two.rmdir()
