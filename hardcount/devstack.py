@@ -291,6 +291,9 @@ def start_gunicorn(*, base_dir: Path, bind: str, env: dict[str, str]) -> ChildPr
             str(base_dir / "hardcount" / "gunicorn.conf.py"),
             "--bind",
             bind,
+            # serve supervises gunicorn itself; the control socket would sit in XDG_RUNTIME_DIR
+            # (var/run), too long a path for a Unix socket in a deep clone.
+            "--no-control-socket",
             "hardcount.wsgi:application",
         ],
         env=env,
