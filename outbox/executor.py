@@ -1,0 +1,755 @@
+"""The webhook delivery executor: a leaderless claim-queue worker pool, one in every replica (SPEC §6).
+
+Shape: one thread runs an asyncio loop with
+
+- a **dispatcher** that claims due deliveries (``queries.CLAIM_DUE``, ``FOR UPDATE SKIP
+  LOCKED``), never more than the pool's idle workers, and starts one worker task per claim;
+  it sleeps until a worker frees up, an ``outbox_delivery`` notification arrives (inserts
+  notify at commit) or the poll interval passes;
+- **workers** (at most ``workers`` at a time), each sending one signed request with httpx
+  under a total timeout, then writing the outcome in one transaction predicated on the
+  claim still being ours;
+- a **renewer** that extends the leases of requests in flight every ``timeout_s / 2`` and
+  cancels the request of any claim it could not renew (expired, reclaimed, or not renewed
+  in time on the executor's own monotonic clock): the result of a lost claim is discarded;
+- a **reaper** that re-queues deliveries whose lease expired (``queries.REAP_EXPIRED_CLAIMS``),
+  its own replica's included, recording the lost attempt.
+
+The lease is ``claimed_by`` + ``claim_expires_at = now() + 2 × timeout_s``. Attempts are
+spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
+``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
+the per-endpoint circuit breaker is in the SQL of :mod:`outbox.queries` and in
+:meth:`Executor._handle`. Design record: ``docs/decisions/0030-webhook-delivery-executor.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import httpx
+import psycopg
+from django.conf import settings
+from django.db import connections
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from hardcount.ids import new_id
+from outbox import queries
+from outbox.metrics import DELIVERY_ATTEMPTS
+from outbox.representations import event_body
+from outbox.signing import HEADER, sign
+
+log = logging.getLogger("outbox.executor")
+
+MAX_ATTEMPTS = queries.MAX_ATTEMPTS
+# Delay after failed attempt k (k = 1..7) before jitter: about x3 a step, 22 h 14 min in all,
+# so the 8th and last attempt comes roughly a day after the first (SPEC §6: ~1 min to ~1 day).
+RETRY_SCHEDULE_S = (60.0, 180.0, 600.0, 1800.0, 5400.0, 18000.0, 54000.0)
+# 4xx answers that mean "try again later" rather than "never" (timeout, conflict, too early,
+# rate limited); every other 4xx is permanent.
+RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+MAX_RETRY_AFTER_S = 86400.0
+EXCERPT_BYTES = 1024
+# A claim counts as ours on the executor's own clock for this share of the lease after the
+# claim (or the last renewal) was sent; past it the request is cancelled before the
+# database would let another executor reclaim the row.
+LOCAL_LEASE_SHARE = 0.75
+
+SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
+
+
+def classify(status_code: int | None) -> str:
+    """Outcome of an HTTP answer: ``succeeded`` (2xx), ``failed`` (permanent) or ``retryable``.
+
+    ``None`` (no answer: timeout, connection error) is retryable. 4xx is permanent except
+    408, 409, 425 and 429; 3xx (redirects are not followed), 5xx and anything else retry.
+    """
+    if status_code is None:
+        return RETRYABLE
+    if 200 <= status_code < 300:
+        return SUCCEEDED
+    if 400 <= status_code < 500 and status_code not in RETRYABLE_4XX:
+        return FAILED
+    return RETRYABLE
+
+
+def retry_delay_s(attempt: int, *, jitter: float = 0.2, retry_after_s: float | None = None, rng=random) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1..7) before the next one.
+
+    ``RETRY_SCHEDULE_S[attempt - 1]`` scaled by a uniform factor in ``[1 - jitter, 1 + jitter]``
+    so deliveries that failed together do not retry together. A receiver's ``Retry-After``
+    (seconds) lengthens the wait, up to a day, but never shortens it.
+    """
+    base = RETRY_SCHEDULE_S[max(1, min(attempt, len(RETRY_SCHEDULE_S))) - 1]
+    delay = base * rng.uniform(1 - jitter, 1 + jitter)
+    if retry_after_s is not None:
+        delay = max(delay, min(retry_after_s, MAX_RETRY_AFTER_S))
+    return delay
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value.strip()))
+    except ValueError:
+        return None  # HTTP-date form: ignored, the backoff applies
+
+
+def conninfo_from_django(alias: str = "default") -> str:
+    """A libpq connection string for Django's database ``alias`` (the test database under pytest)."""
+    params = connections[alias].get_connection_params()
+    ignored = {"cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool", "isolation_level"}
+    parts = {k: str(v) for k, v in params.items() if k not in ignored and v not in (None, "")}
+    parts["application_name"] = "hardcount-outbox"
+    return psycopg.conninfo.make_conninfo(**parts)
+
+
+def lost_attempt_params(*, delivery_id: str, lost_claim: str, number: int, recorded_by: str) -> dict[str, Any]:
+    """INSERT_ATTEMPT parameters for an attempt whose executor vanished with the lease."""
+    return {
+        "attempt_id": new_id("wha"),
+        "delivery_id": delivery_id,
+        "number": max(1, min(number, MAX_ATTEMPTS)),
+        "outcome": LEASE_LOST,
+        "status_code": None,
+        "latency_ms": None,
+        "error": f"lease expired: executor {lost_claim} stopped reporting; the request may or may not have been sent",
+        "response_excerpt": "",
+        "executor": recorded_by,
+    }
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Knobs of one executor; :meth:`from_settings` reads the ``HARDCOUNT_*`` settings.
+
+    ``timeout_s`` is the total time one request may take (connect + send + first 1 KiB of
+    the answer); ``connect_timeout_s`` bounds the TCP/TLS connect alone. The lease is
+    ``2 × timeout_s``. The circuit opens after ``breaker_threshold`` consecutive failures of
+    an endpoint, for ``breaker_cooldown_s`` doubling per further failure up to
+    ``breaker_max_cooldown_s``.
+    """
+
+    workers: int = 8
+    timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    poll_interval_s: float = 1.0
+    renew_interval_s: float | None = None
+    reap_interval_s: float | None = None
+    shutdown_grace_s: float | None = None
+    breaker_threshold: int = 5
+    breaker_cooldown_s: float = 60.0
+    breaker_max_cooldown_s: float = 3600.0
+    jitter: float = 0.2
+    reap_batch: int = 500
+    listen: bool = True
+
+    @property
+    def lease_s(self) -> float:
+        return 2 * self.timeout_s
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.renew_interval_s or self.timeout_s / 2
+
+    @property
+    def reap_every_s(self) -> float:
+        return self.reap_interval_s or self.lease_s / 2
+
+    @classmethod
+    def from_settings(cls, **overrides: Any) -> ExecutorConfig:
+        timeout_s = float(getattr(settings, "HARDCOUNT_DELIVERY_TIMEOUT_S", 10.0))
+        base = cls(
+            workers=int(getattr(settings, "HARDCOUNT_OUTBOX_WORKERS", 8)),
+            timeout_s=timeout_s,
+            connect_timeout_s=min(timeout_s, float(getattr(settings, "HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S", 5.0))),
+            poll_interval_s=float(getattr(settings, "HARDCOUNT_OUTBOX_POLL_S", 1.0)),
+            breaker_threshold=int(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_THRESHOLD", 5)),
+            breaker_cooldown_s=float(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S", 60.0)),
+        )
+        return replace(base, **overrides)
+
+
+@dataclass
+class _Claim:
+    """One claimed delivery and everything needed to send it."""
+
+    id: str
+    claim: str
+    attempts: int  # this attempt's number (spent at the claim, 1..8)
+    prev_attempts: int
+    event_id: str
+    event_type: str
+    event_data: Any
+    event_created_at: datetime
+    livemode: bool
+    sequence: int
+    endpoint_id: str
+    url: str
+    secret: str
+    endpoint_active: bool
+    circuit: str  # closed | open | half_open, as the claim saw it
+    local_deadline: float
+    task: asyncio.Task | None = None
+    send_task: asyncio.Task | None = None
+    lost: bool = False
+    shutting_down: bool = False
+
+
+@dataclass
+class _Result:
+    outcome: str
+    status_code: int | None = None
+    latency_ms: int | None = None
+    error: str = ""
+    excerpt: str = ""
+    retry_after_s: float | None = None
+
+
+class _ClaimLost(Exception):
+    """The write matched no row: the claim is no longer ours, so its result is discarded."""
+
+
+@dataclass
+class ExecutorStats:
+    """Counters for logs, tests and benchmarks (per executor, since start)."""
+
+    counts: collections.Counter = field(default_factory=collections.Counter)
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+
+class Executor:
+    """The delivery worker pool of one replica. ``start()`` runs it in a thread; ``stop()`` ends it.
+
+    Any number of executors (threads, processes, replicas) may run against one database:
+    they coordinate only through the delivery rows. ``stop()`` stops claiming, lets
+    requests in flight finish for ``shutdown_grace_s`` (default ``timeout_s``), then cancels
+    the rest, recording each as a ``canceled`` attempt to be retried.
+    """
+
+    def __init__(self, config: ExecutorConfig | None = None, *, executor_id: str | None = None, conninfo=None):
+        self.config = config or ExecutorConfig.from_settings()
+        self.executor_id = executor_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._conninfo = conninfo or conninfo_from_django()
+        self.stats = ExecutorStats()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._inflight: dict[str, _Claim] = {}
+        self._rng = random.Random()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self, *, wait_s: float = 15.0) -> Executor:
+        """Start the pool's thread; returns once it is connected. Raises if it could not start."""
+        if self._thread is not None:
+            raise RuntimeError("executor already started")
+        self._thread = threading.Thread(target=self._run, name=f"outbox-executor-{self.executor_id}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(wait_s):
+            raise RuntimeError("outbox executor did not start in time")
+        if self._startup_error is not None:
+            raise RuntimeError("outbox executor could not start") from self._startup_error
+        log.info("outbox executor started executor=%s workers=%d", self.executor_id, self.config.workers)
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop claiming, finish or cancel requests in flight, close connections; waits for the thread."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:
+                pass  # loop already closed
+        if thread is not None:
+            grace = self.config.shutdown_grace_s or self.config.timeout_s
+            thread.join(timeout_s if timeout_s is not None else grace + 15)
+        log.info("outbox executor stopped executor=%s stats=%s", self.executor_id, dict(self.stats.counts))
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # the thread must not die silently
+            if not self._ready.is_set():
+                self._startup_error = exc
+                self._ready.set()
+            log.exception("outbox executor crashed executor=%s", self.executor_id)
+
+    async def _main(self) -> None:
+        cfg = self.config
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._worker_done = asyncio.Event()
+        self._work_available = asyncio.Event()
+        pool = AsyncConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=cfg.workers + 3,
+            open=False,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            configure=_configure_connection,
+            name=f"outbox-{self.executor_id}",
+        )
+        try:
+            await pool.open(wait=True, timeout=10)
+        except BaseException as exc:
+            self._startup_error = exc
+            self._ready.set()
+            await pool.close()
+            return
+        self._pool = pool
+        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
+        limits = httpx.Limits(max_connections=cfg.workers, max_keepalive_connections=cfg.workers)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=False) as client:
+            self._client = client
+            helpers = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._reap_loop())]
+            if cfg.listen:
+                helpers.append(asyncio.create_task(self._listen_loop()))
+            self._ready.set()
+            try:
+                await self._dispatch_loop()
+            finally:
+                await self._drain_inflight()
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
+        await pool.close()
+
+    # -- dispatcher --------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        cfg = self.config
+        while not self._stopping.is_set():
+            # Cleared before claiming, so a signal that arrives during the claim is not lost.
+            self._worker_done.clear()
+            self._work_available.clear()
+            idle = cfg.workers - len(self._inflight)
+            claimed = 0
+            if idle > 0:
+                try:
+                    claims = await self._claim(idle)
+                except Exception:
+                    log.exception("outbox claim failed executor=%s", self.executor_id)
+                    await self._wait(self._stopping, cfg.poll_interval_s)
+                    continue
+                claimed = len(claims)
+                for claim in claims:
+                    self._inflight[claim.claim] = claim
+                    claim.task = asyncio.create_task(self._deliver(claim))
+            if claimed and claimed == idle:
+                await self._wait(self._worker_done, cfg.poll_interval_s)  # every worker busy: wait for one
+            elif idle <= 0:
+                await self._wait(self._worker_done, cfg.poll_interval_s)
+            else:
+                await self._wait(self._work_available, cfg.poll_interval_s)  # queue drained: wait for news
+
+    async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopping.wait())}
+        _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+
+    async def _claim(self, limit: int) -> list[_Claim]:
+        cfg = self.config
+        local_deadline = time.monotonic() + cfg.lease_s * LOCAL_LEASE_SHARE
+        params = {"limit": limit, "executor": self.executor_id, "lease_s": float(cfg.lease_s)}
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await (await conn.execute(queries.CLAIM_DUE, params)).fetchall()
+            lost = [
+                lost_attempt_params(
+                    delivery_id=r["id"],
+                    lost_claim=r["lost_claim"],
+                    number=r["prev_attempts"],
+                    recorded_by=self.executor_id,
+                )
+                for r in rows
+                if r["lost_claim"] and r["prev_attempts"] >= 1
+            ]
+            if lost:
+                async with conn.cursor() as cur:
+                    await cur.executemany(queries.INSERT_ATTEMPT, lost)
+        if lost:
+            DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(len(lost))
+        self.stats.counts["claimed"] += len(rows)
+        return [
+            _Claim(
+                id=r["id"],
+                claim=r["claimed_by"],
+                attempts=r["attempts"],
+                prev_attempts=min(r["prev_attempts"], MAX_ATTEMPTS),
+                event_id=r["event_id"],
+                event_type=r["event_type"],
+                event_data=r["event_data"],
+                event_created_at=r["event_created_at"],
+                livemode=r["livemode"],
+                sequence=r["sequence"],
+                endpoint_id=r["endpoint_id"],
+                url=r["url"],
+                secret=r["secret"],
+                endpoint_active=r["endpoint_active"],
+                circuit=r["circuit"],
+                local_deadline=local_deadline,
+            )
+            for r in rows
+        ]
+
+    # -- one delivery ------------------------------------------------------------------
+
+    async def _deliver(self, c: _Claim) -> None:
+        try:
+            await self._handle(c)
+        except Exception:
+            # A bug or a lost database: leave the row claimed; its lease expires and the
+            # reaper (in any replica) re-queues it, so nothing is lost.
+            log.exception("outbox delivery crashed delivery=%s claim=%s", c.id, c.claim)
+            self.stats.counts["crashed"] += 1
+        finally:
+            self._inflight.pop(c.claim, None)
+            self._worker_done.set()
+
+    async def _handle(self, c: _Claim) -> None:
+        if c.prev_attempts >= MAX_ATTEMPTS:
+            # The 8th attempt's executor vanished: nothing is left to spend.
+            error = f"gave up: all {MAX_ATTEMPTS} attempts spent (the last one's executor stopped reporting)"
+            await self._finish(c, queries.RECORD_FAILED, {"attempts": MAX_ATTEMPTS, "error": error}, None)
+            return
+        if not c.endpoint_active:
+            error = "webhook endpoint disabled or deleted before delivery"
+            await self._finish(c, queries.RECORD_FAILED, {"attempts": c.prev_attempts, "error": error}, None)
+            return
+        probe = False
+        if c.circuit == "open":
+            await self._defer(c)
+            return
+        if c.circuit == "half_open":
+            if not await self._take_probe(c):
+                await self._defer(c)
+                return
+            probe = True
+        if self._stopping.is_set():
+            await self._write_or_discard(c, queries.RELEASE, {"attempts": c.prev_attempts})
+            self.stats.counts["released"] += 1
+            return
+        c.send_task = asyncio.create_task(self._send(c))
+        await asyncio.wait({c.send_task})
+        if c.send_task.cancelled():
+            if c.lost or not c.shutting_down:
+                self.stats.counts["lease_lost"] += 1
+                log.warning("outbox lease lost mid-request: result discarded delivery=%s claim=%s", c.id, c.claim)
+                return
+            result = _Result(CANCELED, error="canceled: the executor shut down mid-request")
+        else:
+            result = c.send_task.result()
+        await self._record(c, result, probe=probe)
+
+    async def _send(self, c: _Claim) -> _Result:
+        body = json.dumps(
+            event_body(
+                id=c.event_id,
+                type=c.event_type,
+                created_at=c.event_created_at,
+                livemode=c.livemode,
+                sequence=c.sequence,
+                data=c.event_data,
+            ),
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "Hardcount-Webhooks/1.0",
+            HEADER: sign(body, c.secret),  # signed afresh for every attempt
+            "Hardcount-Event-Id": c.event_id,
+            "Hardcount-Delivery-Id": c.id,
+            "Hardcount-Attempt": str(c.attempts),
+        }
+        started = time.monotonic()
+        timeout_s = self.config.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._client.stream("POST", c.url, content=body, headers=headers) as response:
+                    excerpt = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        excerpt += chunk
+                        if len(excerpt) >= EXCERPT_BYTES:
+                            break
+                    status_code = response.status_code
+                    retry_after = _parse_retry_after(response.headers.get("retry-after"))
+        except TimeoutError:
+            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
+        except httpx.TimeoutException as exc:
+            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"{type(exc).__name__}: {exc}"[:1000])
+        except httpx.HTTPError as exc:
+            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"{type(exc).__name__}: {exc}"[:1000])
+        text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        outcome = classify(status_code)
+        return _Result(
+            outcome,
+            status_code=status_code,
+            latency_ms=_ms_since(started),
+            error="" if outcome == SUCCEEDED else f"HTTP {status_code}",
+            excerpt=text,
+            retry_after_s=retry_after,
+        )
+
+    async def _record(self, c: _Claim, r: _Result, *, probe: bool) -> None:
+        """Write the attempt's outcome in one transaction, predicated on the claim being ours."""
+        params: dict[str, Any]
+        if r.outcome == SUCCEEDED:
+            sql, params = queries.RECORD_SUCCEEDED, {}
+        elif r.outcome == FAILED or c.attempts >= MAX_ATTEMPTS:
+            error = r.error if r.outcome == FAILED else f"{r.error}; gave up after {MAX_ATTEMPTS} attempts"
+            sql, params = queries.RECORD_FAILED, {"attempts": c.attempts, "error": error}
+        else:
+            delay = (
+                0.0 if r.outcome == CANCELED else retry_delay_s(c.attempts, jitter=self.config.jitter, rng=self._rng)
+            )
+            if r.retry_after_s is not None:
+                delay = max(delay, min(r.retry_after_s, MAX_RETRY_AFTER_S))
+            sql, params = queries.RECORD_RETRY, {"error": r.error, "delay_s": float(delay)}
+        attempt = {
+            "attempt_id": new_id("wha"),
+            "delivery_id": c.id,
+            "number": c.attempts,
+            "outcome": r.outcome,
+            "status_code": r.status_code,
+            "latency_ms": r.latency_ms,
+            "error": r.error,
+            "response_excerpt": r.excerpt,
+            "executor": self.executor_id,
+        }
+        pulled_in = await self._finish(c, sql, params, attempt, result=r, probe=probe)
+        if pulled_in:
+            await self._pull_in_deferred(c)
+
+    async def _finish(
+        self,
+        c: _Claim,
+        sql: str,
+        params: dict[str, Any],
+        attempt: dict[str, Any] | None,
+        *,
+        result: _Result | None = None,
+        probe: bool = False,
+    ) -> bool:
+        """The terminal/retry transaction. Returns True when a probe closed the endpoint's circuit.
+
+        A write that matches no row (the claim was lost) rolls back and is discarded. Any
+        other failure of the transaction drives the delivery to ``failed`` with the minimal
+        ``FORCE_FAILED`` write (SPEC §6).
+        """
+        cfg = self.config
+        closed_circuit = False
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                row = await (await conn.execute(sql, {"id": c.id, "claim": c.claim, **params})).fetchone()
+                if row is None:
+                    raise _ClaimLost
+                if attempt is not None:
+                    await conn.execute(queries.INSERT_ATTEMPT, attempt)
+                if result is not None and result.status_code == 410:
+                    reason = f"receiver answered 410 Gone to delivery {c.id}"
+                    await conn.execute(queries.ENDPOINT_DISABLE, {"endpoint_id": c.endpoint_id, "reason": reason})
+                elif result is not None and result.outcome in (SUCCEEDED, FAILED):
+                    reset = await conn.execute(queries.ENDPOINT_SUCCEEDED, {"endpoint_id": c.endpoint_id})
+                    closed_circuit = probe and reset.rowcount > 0
+                elif result is not None and result.outcome == RETRYABLE:
+                    await conn.execute(
+                        queries.ENDPOINT_FAILED,
+                        {
+                            "endpoint_id": c.endpoint_id,
+                            "threshold": cfg.breaker_threshold,
+                            "base_s": float(cfg.breaker_cooldown_s),
+                            "max_s": float(cfg.breaker_max_cooldown_s),
+                        },
+                    )
+        except _ClaimLost:
+            self.stats.counts["lease_lost"] += 1
+            log.warning("outbox claim lost before the outcome was written: discarded delivery=%s", c.id)
+            return False
+        except Exception as exc:
+            log.exception("outbox terminal write failed delivery=%s claim=%s", c.id, c.claim)
+            await self._force_failed(c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000])
+            return False
+        if attempt is not None:
+            DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
+            self.stats.counts[attempt["outcome"]] += 1
+        elif sql is queries.RECORD_FAILED:
+            self.stats.counts["failed_without_attempt"] += 1
+        return closed_circuit
+
+    async def _force_failed(self, c: _Claim, error: str) -> None:
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(queries.FORCE_FAILED, {"id": c.id, "claim": c.claim, "error": error})
+            self.stats.counts["forced_failed"] += 1
+        except Exception:
+            # The lease will expire; the reaper re-queues the row (delivered at least once).
+            log.exception("outbox minimal failed write also failed delivery=%s", c.id)
+
+    async def _write_or_discard(self, c: _Claim, sql: str, params: dict[str, Any]) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql, {"id": c.id, "claim": c.claim, **params})
+            return cur.rowcount > 0
+
+    async def _defer(self, c: _Claim) -> None:
+        jitter_s = self._rng.uniform(0, max(0.0, self.config.breaker_cooldown_s) * 0.1)
+        if await self._write_or_discard(c, queries.DEFER, {"attempts": c.prev_attempts, "jitter_s": jitter_s}):
+            self.stats.counts["deferred"] += 1
+
+    async def _take_probe(self, c: _Claim) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                queries.TAKE_PROBE, {"endpoint_id": c.endpoint_id, "probe_s": float(self.config.lease_s)}
+            )
+            return cur.rowcount > 0
+
+    async def _pull_in_deferred(self, c: _Claim) -> None:
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(queries.PULL_IN_DEFERRED, {"endpoint_id": c.endpoint_id})
+            self._work_available.set()
+        except Exception:
+            log.exception("outbox could not pull in deferred deliveries endpoint=%s", c.endpoint_id)
+
+    # -- leases ------------------------------------------------------------------------
+
+    def _lose(self, c: _Claim, why: str) -> None:
+        if c.lost:
+            return
+        c.lost = True
+        log.warning("outbox lease lost delivery=%s claim=%s (%s)", c.id, c.claim, why)
+        if c.send_task is not None and not c.send_task.done():
+            c.send_task.cancel()
+
+    async def _renew_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.renew_every_s)
+            now = time.monotonic()
+            for c in list(self._inflight.values()):
+                if now > c.local_deadline:
+                    self._lose(c, "lease not renewed in time on the executor's clock")
+            held = [c for c in self._inflight.values() if not c.lost]
+            if not held:
+                continue
+            sent_at = time.monotonic()
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(
+                        queries.RENEW_CLAIMS, {"claims": [c.claim for c in held], "lease_s": float(cfg.lease_s)}
+                    )
+                    renewed = {row["claimed_by"] for row in await cur.fetchall()}
+            except Exception:
+                log.warning("outbox lease renewal failed executor=%s", self.executor_id, exc_info=True)
+                continue
+            for c in held:
+                if c.claim in renewed:
+                    c.local_deadline = sent_at + cfg.lease_s * LOCAL_LEASE_SHARE
+                elif c.claim in self._inflight and c.send_task is not None and not c.send_task.done():
+                    # Still sending but the row is no longer ours: expired or reclaimed.
+                    self._lose(c, "lease expired or taken over")
+
+    async def _reap_loop(self) -> None:
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    reaped = await reap_expired_claims_async(conn, self.executor_id, limit=self.config.reap_batch)
+                if reaped:
+                    self.stats.counts["reaped"] += reaped
+                    self._work_available.set()
+            except Exception:
+                log.warning("outbox reaper failed executor=%s", self.executor_id, exc_info=True)
+            await asyncio.sleep(self.config.reap_every_s)
+
+    async def _listen_loop(self) -> None:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute("LISTEN outbox_delivery")
+                    async for _ in conn.notifies():
+                        self._work_available.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("outbox listener lost its connection; polling meanwhile", exc_info=True)
+                await asyncio.sleep(max(1.0, self.config.poll_interval_s))
+
+    async def _drain_inflight(self) -> None:
+        """On stop: give requests in flight the grace period, then cancel and record them."""
+        grace = self.config.shutdown_grace_s if self.config.shutdown_grace_s is not None else self.config.timeout_s
+        tasks = [c.task for c in self._inflight.values() if c.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            if pending:
+                for c in list(self._inflight.values()):
+                    c.shutting_down = True
+                    if c.send_task is not None and not c.send_task.done():
+                        c.send_task.cancel()
+                await asyncio.wait(pending, timeout=10)
+
+
+async def reap_expired_claims_async(conn: psycopg.AsyncConnection, reaper_id: str, *, limit: int = 500) -> int:
+    """Re-queue deliveries whose lease expired and record each lost attempt; returns how many."""
+    async with conn.transaction():
+        rows = await (await conn.execute(queries.REAP_EXPIRED_CLAIMS, {"limit": limit})).fetchall()
+        evidence = [
+            lost_attempt_params(
+                delivery_id=r["id"], lost_claim=r["lost_claim"], number=r["prev_attempts"], recorded_by=reaper_id
+            )
+            for r in rows
+            if r["prev_attempts"] >= 1
+        ]
+        if evidence:
+            async with conn.cursor() as cur:
+                await cur.executemany(queries.INSERT_ATTEMPT, evidence)
+    if evidence:
+        DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(len(evidence))
+    if rows:
+        log.info("outbox reaper re-queued %d deliveries with expired leases reaper=%s", len(rows), reaper_id)
+    return len(rows)
+
+
+async def _configure_connection(conn: psycopg.AsyncConnection) -> None:
+    # UTC sessions; statements bounded so a stuck query cannot hold a worker forever.
+    await conn.execute("SET TIME ZONE 'UTC'")
+    await conn.execute("SET statement_timeout = '15s'")
+    await conn.execute("SET idle_in_transaction_session_timeout = '15s'")
+
+
+def _ms_since(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "RETRYABLE_4XX",
+    "RETRY_SCHEDULE_S",
+    "Executor",
+    "ExecutorConfig",
+    "classify",
+    "conninfo_from_django",
+    "reap_expired_claims_async",
+    "retry_delay_s",
+]

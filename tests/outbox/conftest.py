@@ -1,0 +1,181 @@
+"""Fixtures for the outbox tests: real HTTP receivers on 127.0.0.1 and real executors.
+
+Receivers are ``ThreadingHTTPServer``s in the test process. A behaviour per path decides
+each answer (fast 200, 500, slow, hanging until released, 410, ...). Executors run against
+the real test database, so the tests that use them need ``transactional_db``: the
+executor's own connections must see the rows the test commits.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    @property
+    def json(self):
+        return json.loads(self.body)
+
+
+@dataclass
+class Answer:
+    status: int = 200
+    body: bytes = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+    hang: threading.Event | None = None  # block until set (or 30 s) before answering
+
+
+class Receiver:
+    """A local webhook receiver. ``behave(path, fn)`` sets how ``path`` answers; default 200."""
+
+    def __init__(self):
+        self.requests: list[Received] = []
+        self.lock = threading.Lock()
+        self.behaviours: dict[str, Callable[[Received, int], Answer]] = {}
+        self.arrived = threading.Condition(self.lock)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                return None
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                path = self.path.split("?")[0]
+                req = Received(path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+                with receiver.lock:
+                    receiver.requests.append(req)
+                    nth = sum(1 for r in receiver.requests if r.path == path)
+                    receiver.arrived.notify_all()
+                behaviour = receiver.behaviours.get(path, lambda r, n: Answer())
+                answer = behaviour(req, nth)
+                if answer.hang is not None:
+                    answer.hang.wait(30)
+                try:
+                    self.send_response(answer.status)
+                    for k, v in answer.headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(answer.body)))
+                    self.end_headers()
+                    self.wfile.write(answer.body)
+                except OSError:
+                    pass  # the executor gave up on us (cancelled or timed out)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def behave(self, path: str, fn: Callable[[Received, int], Answer]) -> None:
+        self.behaviours[path] = fn
+
+    def received(self, path: str | None = None) -> list[Received]:
+        with self.lock:
+            return [r for r in self.requests if path is None or r.path == path]
+
+    def wait_for(self, count: int, path: str | None = None, timeout_s: float = 10) -> list[Received]:
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while sum(1 for r in self.requests if path is None or r.path == path) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"receiver got fewer than {count} requests on {path}")
+                self.arrived.wait(left)
+            return [r for r in self.requests if path is None or r.path == path]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10, what: str = "condition"):
+    """Poll ``predicate`` (every 20 ms) until it returns a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def make_executor(transactional_db):
+    """Start executors with test-sized timings; all are stopped at teardown."""
+    from outbox.executor import Executor, ExecutorConfig
+
+    started: list[Executor] = []
+
+    def make(**overrides) -> Executor:
+        executor_id = overrides.pop("executor_id", None) or f"test-{len(started)}"
+        config = ExecutorConfig(
+            **{
+                "workers": 4,
+                "timeout_s": 2.0,
+                "connect_timeout_s": 1.0,
+                "poll_interval_s": 0.05,
+                "renew_interval_s": 0.1,
+                "reap_interval_s": 0.2,
+                "shutdown_grace_s": 0.5,
+                **overrides,
+            }
+        )
+        executor = Executor(config, executor_id=executor_id)
+        started.append(executor.start())
+        return executor
+
+    yield make
+    for executor in started:
+        executor.stop()
+
+
+@pytest.fixture
+def tenant_t(transactional_db):
+    from hardcount.models import Tenant
+
+    return Tenant.objects.create(name="Acme")
+
+
+def make_endpoint(tenant, url: str, events=("*",), *, livemode: bool = False, **fields):
+    from outbox.models import WebhookEndpoint
+    from outbox.signing import generate_secret
+
+    return WebhookEndpoint.objects.create(
+        tenant=tenant, livemode=livemode, url=url, enabled_events=list(events), secret=generate_secret(), **fields
+    )
+
+
+def emit(tenant, type_: str = "customer.created", *, livemode: bool = False, data=None):
+    from django.db import transaction
+
+    from outbox.services import emit_event
+
+    with transaction.atomic():
+        return emit_event(tenant_id=tenant.id, livemode=livemode, type=type_, data=data or {"id": "cus_test"})
