@@ -13,15 +13,13 @@ process does not load the settings (which would start the embedded database).
   ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
 - :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
-  whether its ``Hardcount-Signature`` verifies (SPEC §6).
+  whether its ``Hardcount-Signature`` verifies (SPEC §6, with :mod:`outbox.signing`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -304,20 +302,25 @@ def start_gunicorn(*, base_dir: Path, bind: str, env: dict[str, str]) -> ChildPr
 # --- webhook receiver ---------------------------------------------------------------------------------------------
 
 
-def verify_signature(header: str, body: bytes, secrets: Iterable[str]) -> bool:
-    """True when ``Hardcount-Signature: t=<unix>,v1=<hex>`` signs ``"<t>.<body>"`` with one of ``secrets``.
+def signature_verdict(header: str, body: bytes, secrets: Iterable[str]) -> str:
+    """``"signature ok"`` when ``header`` signs ``body`` with one of ``secrets``, else why not.
 
-    The scheme is SPEC §6 (HMAC-SHA256, hex). This receiver is a development aid: it
-    reports the result and does not enforce a timestamp tolerance.
+    Verification is :func:`outbox.signing.verify` (SPEC §6, with its 300 s tolerance), the
+    helper Hardcount ships to receivers.
     """
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    timestamp, signature = parts.get("t"), parts.get("v1")
-    if not timestamp or not signature:
-        return False
-    signed = timestamp.encode() + b"." + body
-    return any(
-        hmac.compare_digest(hmac.new(s.encode(), signed, hashlib.sha256).hexdigest(), signature) for s in secrets
-    )
+    from outbox.signing import SignatureVerificationError, verify
+
+    if not header:
+        return "unsigned"
+    reason = "no endpoint secret known"
+    for secret in secrets:
+        try:
+            verify(body, header, secret)
+        except SignatureVerificationError as exc:
+            reason = str(exc)
+        else:
+            return "signature ok"
+    return f"signature REJECTED ({reason})"
 
 
 class WebhookReceiver:
@@ -362,12 +365,7 @@ class WebhookReceiver:
         if not isinstance(payload, dict):
             payload = {"data": payload}
         self.received.append(payload)
-        if not signature_header:
-            verdict = "unsigned"
-        elif verify_signature(signature_header, body, self.secrets()):
-            verdict = "signature ok"
-        else:
-            verdict = "signature DOES NOT VERIFY"
+        verdict = signature_verdict(signature_header, body, self.secrets())
         mode = "live" if payload.get("livemode") else "test"
         self._log(f"webhook  {payload.get('id', '?')} {payload.get('type', '?')} ({mode}) {verdict}")
 
