@@ -200,7 +200,7 @@ class Command(BaseCommand):
 
         Reuses the endpoint saved in ``demo-keys.json`` while it exists and its URL is the
         receiver's; otherwise creates one (and deletes the stale one). When the webhook
-        endpoints API answers 404 (not built yet), says so and carries on.
+        endpoints API refuses (404: not built yet), says so and carries on without that endpoint.
         """
         demo = ctx.demo
         saved = dict(demo.extra.get("webhook_endpoints") or {})
@@ -219,10 +219,13 @@ class Command(BaseCommand):
                 {"url": ctx.receiver.url, "enabled_events": ["*"], "description": "make run: local receiver"},
             )
             if status not in (200, 201) or not isinstance(body, dict) or "secret" not in body:
+                message = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
                 self.stdout.write(
-                    f"(webhook endpoints: POST /v1/webhook_endpoints answered {status}; no endpoint registered)"
+                    f"(no {mode}-mode webhook endpoint: POST /v1/webhook_endpoints answered {status} {message})"
                 )
-                return
+                if status == 404:  # the API is not there at all: the other mode would fail alike
+                    break
+                continue
             if old.get("id"):
                 _api(ctx.base_url, key, "DELETE", f"/v1/webhook_endpoints/{old['id']}")
             saved[mode] = {"id": body["id"], "url": ctx.receiver.url, "secret": body["secret"]}
@@ -244,6 +247,11 @@ class Command(BaseCommand):
             if os.environ.get("DATABASE_URL")
             else f"embedded PostgreSQL in {var_dir / 'pgdata'} (left running on exit; `make stop-db` stops it)"
         )
+        hooked = " and ".join(
+            f"{mode} mode ({e['id']})"
+            for mode, e in (demo.extra.get("webhook_endpoints") or {}).items()
+            if e.get("url") == ctx.receiver.url
+        )
         curl = (
             f"curl -sS -X POST {ctx.base_url}/v1/customers \\\n"
             f'        -H "Authorization: Bearer {demo.test_key}" -H "Content-Type: application/json" \\\n'
@@ -261,7 +269,7 @@ class Command(BaseCommand):
             f"  health         {ctx.base_url}/health/ready",
             f"  metrics        {ctx.base_url}/metrics",
             f"  gateway        {gateway}",
-            f"  webhooks       {ctx.receiver.url} logs each delivery below",
+            f"  webhooks       {ctx.receiver.url} logs each delivery below; endpoint for {hooked or 'no mode'}",
             f"  database       {database}",
             "",
             "  Create a customer (test mode):",
