@@ -4,11 +4,13 @@ Each test starts ``serve`` against the test database (through ``DATABASE_URL``) 
 ``HARDCOUNT_VAR_DIR`` and a free port, so it touches neither the developer's database nor port 8000.
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -80,6 +82,19 @@ class Serve:
         line = next(line for line in self.lines if line.strip().startswith(label))
         return line.split()[-1]
 
+    def api(self, method: str, path: str, key: str, body: dict | None = None) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
     def get(self, path: str) -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
             return response.status
@@ -90,7 +105,7 @@ def _gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Proc
     return alive
 
 
-def test_serve_answers_and_sigterm_stops_gunicorn_and_localstripe(tmp_path):
+def test_serve_prints_working_keys_and_sigterm_stops_gunicorn_and_localstripe(tmp_path):
     serve = Serve(tmp_path / "var")
     try:
         serve.wait_ready()
@@ -102,6 +117,15 @@ def test_serve_answers_and_sigterm_stops_gunicorn_and_localstripe(tmp_path):
         assert "gunicorn" in names
         assert "localstripe" in names
         assert len(children) >= 3  # localstripe, the gunicorn arbiter and its worker
+        arbiter = next(p for p in children if "gunicorn" in " ".join(p.cmdline()))
+        assert arbiter.environ()["HARDCOUNT_RUN_SCHEDULER"] == "1"
+        assert arbiter.environ()["STRIPE_API_BASE"].startswith("http://127.0.0.1:")
+
+        test_key, live_key = serve.banner_value("test key"), serve.banner_value("live key")
+        status, customer = serve.api("POST", "/v1/customers", test_key, {"email": "jenny@example.com"})
+        assert status in (200, 201)
+        assert serve.api("GET", f"/v1/customers/{customer['id']}", test_key)[0] == 200
+        assert serve.api("GET", f"/v1/customers/{customer['id']}", live_key)[0] == 404
 
         serve.process.send_signal(signal.SIGTERM)
         assert serve.process.wait(60) == 0
