@@ -195,6 +195,19 @@ HARDCOUNT_LEASE_TTL_S = _env_float("HARDCOUNT_LEASE_TTL_S", 10)
 HARDCOUNT_LEASE_HEARTBEAT_S = _env_float("HARDCOUNT_LEASE_HEARTBEAT_S", 3)
 HARDCOUNT_LEASE_ABANDON_S = _env_float("HARDCOUNT_LEASE_ABANDON_S", 6)
 HARDCOUNT_RUN_SCHEDULER = _env_bool("HARDCOUNT_RUN_SCHEDULER", False)
+# How often a replica that does not hold a role looks whether its lease is free (seconds).
+HARDCOUNT_LEASE_POLL_S = _env_float("HARDCOUNT_LEASE_POLL_S", 0.5)
+# A fenced transaction left idle this long (e.g. its process SIGSTOPped) is ended by PostgreSQL,
+# so it cannot hold back a successor's takeover.
+HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S", 5)
+# The scheduler's roles: dotted paths of role classes (see hardcount.scheduler). Comma-separated in the env.
+HARDCOUNT_ROLES = [
+    r.strip()
+    for r in os.environ.get("HARDCOUNT_ROLES", "billing.loops.BillingRole,dunning.loops.DunningRole").split(",")
+    if r.strip()
+]
+# Leaderless services started with the runtime in every replica: dotted paths of objects with start()/stop().
+HARDCOUNT_SERVICES = [s.strip() for s in os.environ.get("HARDCOUNT_SERVICES", "").split(",") if s.strip()]
 
 # Outbox.
 HARDCOUNT_OUTBOX_WORKERS = _env_int("HARDCOUNT_OUTBOX_WORKERS", 8)

@@ -6,7 +6,8 @@ from django.db import models
 class LeaderLease(models.Model):
     """Who runs ``role`` now. ``token`` is the fencing token: it increases every time a new
     holder takes the row, and every write made under the lease checks it. ``last_stamp_at``
-    is the role's liveness stamp (last completed tick, or the billing drain's last page).
+    is the role's liveness stamp (last completed tick, or the billing drain's last page);
+    ``last_tick_at`` is when the last tick completed, from which the next one is due.
     All times are the database's ``now()``."""
 
     role = models.CharField(max_length=64, primary_key=True)
@@ -17,6 +18,7 @@ class LeaderLease(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_stamp_at = models.DateTimeField(null=True, blank=True)
     last_stamp_holder = models.CharField(max_length=200, blank=True, default="")
+    last_tick_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.role}: {self.holder or '-'} (token {self.token})"
