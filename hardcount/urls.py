@@ -16,6 +16,7 @@ urlpatterns = [
         name="openapi",
     ),
     path("v1/", include("billing.urls")),
+    path("v1/", include("outbox.urls")),
     path("admin/", admin.site.urls),
     path("", include("django_prometheus.urls")),
 ]

@@ -10,10 +10,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
+from django.db import connection, transaction
 from django.utils import timezone
 
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
+from outbox import queries
 from outbox.models import Delivery, Event, WebhookEndpoint
+from outbox.signing import generate_secret
 
 # Every event type Hardcount emits; endpoints may subscribe to these, "*" or "prefix.*".
 EVENT_TYPES = (
@@ -77,4 +82,186 @@ def emit_event(
     return event
 
 
-__all__ = ["EVENT_TYPES", "emit_event", "event_type_matches"]
+MAX_ENABLED_EVENTS = 100
+MAX_URL_LENGTH = 2000
+
+
+def event_type_patterns() -> list[str]:
+    """Every value ``enabled_events`` accepts: ``*``, each ``prefix.*`` and each event type."""
+    prefixes = sorted({t.split(".", 1)[0] + ".*" for t in EVENT_TYPES})
+    return ["*", *prefixes, *EVENT_TYPES]
+
+
+def validate_enabled_events(patterns: list[str], *, param: str = "enabled_events") -> list[str]:
+    """Check subscription patterns; returns them de-duplicated in order.
+
+    Accepts ``*``, ``prefix.*`` for a prefix some event type has (``invoice.*``) and exact
+    event types. Raises :class:`~hardcount.errors.InvalidRequestError` (422) for an empty
+    list, more than 100 entries or any unknown name, so a typo never silently subscribes
+    to nothing.
+    """
+    if not patterns:
+        raise InvalidRequestError("enabled_events must name at least one event type, or '*'.", param=param)
+    if len(patterns) > MAX_ENABLED_EVENTS:
+        raise InvalidRequestError(f"enabled_events takes at most {MAX_ENABLED_EVENTS} entries.", param=param)
+    known = set(event_type_patterns())
+    for i, pattern in enumerate(patterns):
+        if pattern not in known:
+            raise InvalidRequestError(
+                f"Unknown event type {pattern!r}: use '*', a prefix such as 'invoice.*', or one of the event types.",
+                code="event_type_unknown",
+                param=f"{param}.{i}",
+            )
+    return list(dict.fromkeys(patterns))
+
+
+def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url") -> str:
+    """An absolute ``http(s)`` URL of at most 2000 characters; live mode requires ``https`` (as Stripe does).
+
+    Raises :class:`~hardcount.errors.InvalidRequestError` (422).
+    """
+    if len(url) > MAX_URL_LENGTH:
+        raise InvalidRequestError(f"url is longer than {MAX_URL_LENGTH} characters.", param=param)
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise InvalidRequestError("url must be an absolute http:// or https:// URL.", param=param) from None
+    if livemode and not url.lower().startswith("https://"):
+        raise InvalidRequestError("Live-mode webhook endpoints must use https://.", code="url_insecure", param=param)
+    return url
+
+
+def _endpoint_for_update(tenant_id: str, livemode: bool, endpoint_id: str) -> WebhookEndpoint:
+    endpoint = (
+        WebhookEndpoint.objects.select_for_update()
+        .filter(tenant_id=tenant_id, livemode=livemode, deleted_at__isnull=True, pk=endpoint_id)
+        .first()
+    )
+    if endpoint is None:
+        raise NotFoundError(f"No such webhook endpoint: '{endpoint_id}'.")
+    return endpoint
+
+
+def create_webhook_endpoint(
+    *, tenant_id: str, livemode: bool, url: str, enabled_events: list[str], description: str = ""
+) -> tuple[WebhookEndpoint, str]:
+    """Create an enabled endpoint; returns ``(endpoint, secret)``.
+
+    The secret (``whsec_…``) is returned here and never again: the API shows it once.
+    Deliveries are created for events emitted from now on. Raises 422 on a bad url or an
+    unknown event type.
+    """
+    url = validate_endpoint_url(url, livemode=livemode)
+    patterns = validate_enabled_events(enabled_events)
+    secret = generate_secret()
+    endpoint = WebhookEndpoint.objects.create(
+        tenant_id=tenant_id,
+        livemode=livemode,
+        url=url,
+        enabled_events=patterns,
+        description=description,
+        secret=secret,
+    )
+    return endpoint, secret
+
+
+def update_webhook_endpoint(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    endpoint_id: str,
+    url: str | None = None,
+    enabled_events: list[str] | None = None,
+    description: str | None = None,
+    enabled: bool | None = None,
+) -> WebhookEndpoint:
+    """Change an endpoint's url, subscriptions, description or enabled flag (only what is given).
+
+    Re-enabling an endpoint (after a 410, or by hand) clears its disabled reason and closes
+    its circuit. Raises 404 for an unknown or deleted endpoint, 422 on bad values.
+    """
+    with transaction.atomic():
+        endpoint = _endpoint_for_update(tenant_id, livemode, endpoint_id)
+        if url is not None:
+            endpoint.url = validate_endpoint_url(url, livemode=livemode)
+        if enabled_events is not None:
+            endpoint.enabled_events = validate_enabled_events(enabled_events)
+        if description is not None:
+            endpoint.description = description
+        if enabled is not None and enabled != endpoint.enabled:
+            endpoint.enabled = enabled
+            endpoint.disabled_reason = "" if enabled else "disabled through the API"
+            if enabled:
+                endpoint.consecutive_failures = 0
+                endpoint.circuit_open_until = None
+        endpoint.save()
+    return endpoint
+
+
+def delete_webhook_endpoint(*, tenant_id: str, livemode: bool, endpoint_id: str) -> WebhookEndpoint:
+    """Delete an endpoint: it gets no new deliveries; its queued ones fail without a request.
+
+    The row stays (soft delete) so its delivery history remains readable. 404 if unknown.
+    """
+    with transaction.atomic():
+        endpoint = _endpoint_for_update(tenant_id, livemode, endpoint_id)
+        endpoint.deleted_at = timezone.now()
+        endpoint.enabled = False
+        endpoint.disabled_reason = "deleted"
+        endpoint.save(update_fields=["deleted_at", "enabled", "disabled_reason"])
+    return endpoint
+
+
+def replay_delivery(*, tenant_id: str, livemode: bool, delivery_id: str) -> Delivery:
+    """Send a finished delivery's event to its endpoint again, as a new delivery (decision 0031).
+
+    Allowed for a ``succeeded`` or ``failed`` delivery; the new delivery (``replay_of`` the
+    original) is due at once and gets its own 8 attempts; the event id is unchanged so the
+    receiver can de-duplicate. Raises 404 (unknown delivery), 409 ``delivery_in_progress``
+    when the delivery is still queued, 409 ``endpoint_unavailable`` when its endpoint is
+    disabled or deleted.
+    """
+    with transaction.atomic():
+        original = (
+            Delivery.objects.select_for_update(of=("self",))
+            .select_related("endpoint")
+            .filter(pk=delivery_id, event__tenant_id=tenant_id, event__livemode=livemode)
+            .first()
+        )
+        if original is None:
+            raise NotFoundError(f"No such webhook delivery: '{delivery_id}'.")
+        if original.status not in (Delivery.SUCCEEDED, Delivery.FAILED):
+            raise StateConflictError(
+                f"Delivery {delivery_id} is still {original.status}: it will be attempted again without a replay.",
+                code="delivery_in_progress",
+            )
+        endpoint = original.endpoint
+        if endpoint.deleted_at is not None or not endpoint.enabled:
+            raise StateConflictError(
+                f"Webhook endpoint {endpoint.id} is {'deleted' if endpoint.deleted_at else 'disabled'}; "
+                "enable it before replaying.",
+                code="endpoint_unavailable",
+            )
+        return Delivery.objects.create(event_id=original.event_id, endpoint=endpoint, replay_of=original)
+
+
+def due_backlog() -> int:
+    """Deliveries due now and not held by a live claim (``hardcount_outbox_deliveries_due_backlog``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries.DUE_BACKLOG)
+        return int(cursor.fetchone()[0])
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "create_webhook_endpoint",
+    "delete_webhook_endpoint",
+    "due_backlog",
+    "emit_event",
+    "event_type_matches",
+    "event_type_patterns",
+    "replay_delivery",
+    "update_webhook_endpoint",
+    "validate_enabled_events",
+    "validate_endpoint_url",
+]
