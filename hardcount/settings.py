@@ -173,6 +173,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # 3.1: full JSON Schema (propertyNames, type unions), so the document can state the API's rules exactly.
+    "OAS_VERSION": "3.1.0",
 }
 
 # Gateway (Stripe). STRIPE_API_BASE points the real stripe library at localstripe in
