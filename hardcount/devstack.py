@@ -79,6 +79,11 @@ class ChildProcess:
         """The exit code, or None while the child runs."""
         return self.process.poll()
 
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group now."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
     def stop(self, timeout_s: float) -> int:
         """SIGTERM, wait up to ``timeout_s`` seconds, then SIGKILL the group. Returns the exit code."""
         if self.process.poll() is None:
@@ -88,9 +93,7 @@ class ChildProcess:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 logger.warning("%s did not stop within %.0f s; killing it", self.name, timeout_s)
-        # Whatever is left in the group (a worker that outlived its arbiter) goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self.kill()  # whatever is left in the group (a worker that outlived its arbiter) goes too
         return self.process.wait()
 
 

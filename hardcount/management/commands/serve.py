@@ -129,6 +129,10 @@ class Command(BaseCommand):
         except Stopped:
             pass
         finally:
+            # A second Ctrl-C while stopping: no more waiting for in-flight work.
+            children = [c for c in (gunicorn, localstripe and localstripe.child) if c is not None]
+            for sig in previous:
+                signal.signal(sig, lambda *_: [c.kill() for c in children])
             self._stop(gunicorn, receiver, localstripe)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -293,7 +297,7 @@ class Command(BaseCommand):
                 line = self.progress_line(ctx)
                 if line:
                     self.stdout.write(line)
-        self.stdout.write("Stopping…")
+        self.stdout.write("Stopping… (Ctrl-C again to kill at once)")
 
     def _stop(self, gunicorn, receiver, localstripe) -> None:
         # gunicorn first: its workers may still be charging through localstripe.
