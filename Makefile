@@ -35,7 +35,7 @@ test: lint
 	$(VENV)/bin/pytest
 
 fuzz: $(STAMP)
-	$(VENV)/bin/pytest tests/test_fuzz_api.py -v
+	$(VENV)/bin/pytest tests/api/test_fuzz_api.py -v
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -15,9 +15,12 @@ from rest_framework import serializers
 from billing.periods import INTERVALS
 from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
 from hardcount.api import (
+    STARTING_AFTER_HELP,
+    IdField,
     ListQuery,
     MetadataField,
     QueryCharField,
+    QueryIdField,
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
@@ -53,9 +56,7 @@ class CustomerCreate(StrictSerializer):
         help_text="Stripe PaymentMethod id (`pm_…`) charged off-session for this customer's invoices.",
     )
     metadata = MetadataField(required=False)
-    test_clock = StrictCharField(
-        max_length=64, required=False, help_text="Test mode only: a test clock id (`clock_…`). " + _ID_HELP
-    )
+    test_clock = IdField("test_clock", required=False, help_text="Test mode only: a test clock id. " + _ID_HELP)
 
 
 class PriceCreate(StrictSerializer):
@@ -79,8 +80,8 @@ class PriceCreate(StrictSerializer):
 
 
 class SubscriptionCreate(StrictSerializer):
-    customer = StrictCharField(max_length=64, help_text="Customer id (`cus_…`). " + _ID_HELP)
-    price = StrictCharField(max_length=64, help_text="Price id (`price_…`). " + _ID_HELP)
+    customer = IdField("customer", help_text=_ID_HELP)
+    price = IdField("price", help_text=_ID_HELP)
     billing_cycle_anchor = StrictDateTimeField(
         required=False,
         help_text="Start of the first billing period (default: now, or the customer's test clock time). "
@@ -103,22 +104,25 @@ class SubscriptionCancel(StrictSerializer):
 
 
 class CustomerListQuery(ListQuery):
+    starting_after = QueryIdField("customer", help_text=STARTING_AFTER_HELP)
     email = QueryCharField(help_text="Only customers with this exact email.")
     external_id = QueryCharField(help_text="Only customers with this external id.")
 
 
 class PriceListQuery(ListQuery):
-    pass
+    starting_after = QueryIdField("price", help_text=STARTING_AFTER_HELP)
 
 
 class SubscriptionListQuery(ListQuery):
-    customer = QueryCharField(help_text="Only this customer's subscriptions.")
+    starting_after = QueryIdField("subscription", help_text=STARTING_AFTER_HELP)
+    customer = QueryIdField("customer", help_text="Only this customer's subscriptions.")
     status = StrictChoiceField(choices=SUBSCRIPTION_STATUSES, required=False)
 
 
 class InvoiceListQuery(ListQuery):
-    customer = QueryCharField(help_text="Only this customer's invoices.")
-    subscription = QueryCharField(help_text="Only this subscription's invoices.")
+    starting_after = QueryIdField("invoice", help_text=STARTING_AFTER_HELP)
+    customer = QueryIdField("customer", help_text="Only this customer's invoices.")
+    subscription = QueryIdField("subscription", help_text="Only this subscription's invoices.")
     status = StrictChoiceField(choices=INVOICE_STATUSES, required=False)
 
 

@@ -25,8 +25,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.core.validators import RegexValidator
 from django.db.models import Model, QuerySet
 from django.http import HttpResponse
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
@@ -40,7 +42,7 @@ from rest_framework.views import APIView
 
 from hardcount import idempotency
 from hardcount.auth import ApiKeyAuthentication
-from hardcount.errors import MalformedRequest, PayloadTooLarge, ResourceMissing
+from hardcount.errors import InvalidParameters, MalformedRequest, PayloadTooLarge, ResourceMissing
 from hardcount.ids import PREFIXES
 
 DEFAULT_LIMIT = 10
@@ -100,8 +102,19 @@ def _check_text(field: serializers.Field, value: str) -> None:
         raise serializers.ValidationError("Must be valid Unicode text.", code="invalid") from exc
 
 
+# Documented on every free-text field: PostgreSQL text and jsonb cannot hold NUL characters.
+NO_NUL = RegexValidator(r"^[^\x00]*$", "Must not contain NUL characters.")
+
+
 class StrictCharField(serializers.CharField):
-    """A string and only a string (DRF's ``CharField`` would turn ``12`` into ``"12"``)."""
+    """A string and only a string (DRF's ``CharField`` would turn ``12`` into ``"12"``); never NUL characters."""
+
+    def __init__(self, **kwargs):
+        # Kept as sent: trimming would turn a documented-valid " " into a refused blank.
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        # Appended last: drf-spectacular documents the first pattern, so a field's own pattern wins.
+        self.validators.append(NO_NUL)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
@@ -120,12 +133,35 @@ class StrictEmailField(serializers.EmailField):
         return super().to_internal_value(data)
 
 
+class IdField(StrictCharField):
+    """A reference to an object of ``kind`` (``"customer"``): a string shaped like its ids.
+
+    A malformed id is a 422 (it breaks the documented pattern); a well-formed id that is
+    not the caller's is resolved by the view or service to a 404.
+    """
+
+    def __init__(self, kind: str, **kwargs):
+        self.kind = kind
+        kwargs.setdefault("max_length", 64)
+        validators = [RegexValidator(id_pattern(kind), f"Must be an id like {PREFIXES[kind]}_….")]
+        super().__init__(validators=[*validators, *kwargs.pop("validators", [])], **kwargs)
+
+
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer only: strings, booleans and floats (even ``10.0``) are refused."""
+    """A JSON integer only: strings, booleans and numbers written with a fraction or exponent are refused.
+
+    Even ``1000.0`` is refused (code ``parameter_not_integer``), although JSON Schema calls it an
+    integer: a float in an amount field is the mark of a client computing money in floating
+    point (``19.99 * 100 == 1998.9999999999998``), which is better stopped than rounded.
+    """
+
+    default_error_messages = {
+        "not_integer": "Must be a JSON integer (no quotes, booleans, fractions or exponents).",
+    }
 
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
+            self.fail("not_integer")
         return data
 
 
@@ -150,19 +186,13 @@ class StrictChoiceField(serializers.ChoiceField):
 class StrictDateTimeField(serializers.DateTimeField):
     """An ISO 8601 / RFC 3339 date-time string with an explicit offset (``Z`` or ``±hh:mm``), as UTC.
 
-    Naive times are refused rather than guessed; the year must lie in
-    [``min_year``, ``max_year``] so period arithmetic can never overflow.
+    Naive times are refused rather than guessed. How far from now a time may lie is a
+    business rule, checked by the service that uses it.
     """
 
     default_error_messages = {
         "invalid": "Must be an ISO 8601 date-time with a time zone, e.g. 2027-01-31T09:30:00Z.",
-        "range": "Must be between years {min_year} and {max_year}.",
     }
-
-    def __init__(self, *, min_year: int = 2000, max_year: int = 2100, **kwargs):
-        self.min_year = min_year
-        self.max_year = max_year
-        super().__init__(**kwargs)
 
     def to_internal_value(self, value):
         if not isinstance(value, str) or not 10 <= len(value) <= 40:
@@ -173,15 +203,19 @@ class StrictDateTimeField(serializers.DateTimeField):
             self.fail("invalid")
         if parsed.tzinfo is None or parsed.utcoffset() is None:
             self.fail("invalid")
-        if not self.min_year <= parsed.year <= self.max_year:
-            self.fail("range", min_year=self.min_year, max_year=self.max_year)
-        return parsed.astimezone(UTC)
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError as exc:  # year 1 or 9999 shifted by its offset out of datetime's range
+            raise InvalidParameters(
+                f"{self.field_name}: the date is out of range.", code="date_out_of_range", param=self.field_name
+            ) from exc
 
 
 @extend_schema_field(
     {
         "type": "object",
-        "additionalProperties": {"type": "string", "maxLength": 500},
+        "additionalProperties": {"type": "string", "maxLength": 500, "pattern": "^[^\\u0000]*$"},
+        "propertyNames": {"minLength": 1, "maxLength": 40, "pattern": "^[^\\u0000]*$"},
         "maxProperties": 50,
         "description": "Up to 50 string keys (1–40 characters) with string values (up to 500 characters).",
     }
@@ -232,6 +266,18 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """Documents every :class:`StrictSerializer` with ``additionalProperties: false`` (unknown fields are a 422)."""
+
+    target_class = "hardcount.api.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        schema["additionalProperties"] = False
+        return schema
+
+
 class QueryIntegerField(serializers.IntegerField):
     """An integer query parameter: decimal digits only (no sign, no spaces, no exponent)."""
 
@@ -250,13 +296,23 @@ class QueryCharField(StrictCharField):
         super().__init__(**kwargs)
 
 
+STARTING_AFTER_HELP = "An object id from the previous page: the list continues after it (older objects)."
+
+
+class QueryIdField(IdField):
+    """An id in the query string (a filter or ``starting_after``): optional, shaped like ids of ``kind``."""
+
+    def __init__(self, kind: str, **kwargs):
+        kwargs.setdefault("required", False)
+        super().__init__(kind, **kwargs)
+
+
 class ListQuery(StrictSerializer):
     """Query parameters of every list: ``limit`` (1–100, default 10) and ``starting_after`` (an id of the list)."""
 
     limit = QueryIntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
-    starting_after = QueryCharField(
-        help_text="An object id from the previous page: the list continues after it (older objects)."
-    )
+    # Subclasses redeclare this as QueryIdField("<kind>", help_text=STARTING_AFTER_HELP) to document the id shape.
+    starting_after = QueryCharField(help_text=STARTING_AFTER_HELP)
 
 
 # ---------------------------------------------------------------------------------------
@@ -306,11 +362,19 @@ def list_of(item: type[serializers.Serializer], name: str) -> type[serializers.S
     return _LIST_CACHE[name]
 
 
+def id_path_parameter(kind: str, name: str = "id") -> OpenApiParameter:
+    """The path parameter ``{id}`` of an object of ``kind``, documented with the id pattern."""
+    return OpenApiParameter(
+        name, str, OpenApiParameter.PATH, pattern=id_pattern(kind), description=f"The {kind.replace('_', ' ')}'s id."
+    )
+
+
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     name=idempotency.HEADER,
     type=str,
     location=OpenApiParameter.HEADER,
     required=False,
+    pattern=r"^[\x20-\x7e]{1,255}$",
     description="Any unique string up to 255 printable ASCII characters. The same key with the same request "
     "replays the first response (header `Idempotent-Replayed: true`); with a different request it is a 422; "
     "while the first request is still executing it is a 409. Keys are kept 24 hours.",
@@ -539,14 +603,18 @@ __all__ = [
     "ERROR",
     "IDEMPOTENCY_PARAMETER",
     "MAX_LIMIT",
+    "NO_NUL",
+    "STARTING_AFTER_HELP",
     "ApiView",
     "ErrorSerializer",
     "HardcountAutoSchema",
+    "IdField",
     "JsonOnlyNegotiation",
     "JsonParser",
     "ListQuery",
     "MetadataField",
     "QueryCharField",
+    "QueryIdField",
     "QueryIntegerField",
     "StrictBooleanField",
     "StrictCharField",
@@ -555,6 +623,7 @@ __all__ = [
     "StrictEmailField",
     "StrictIntegerField",
     "StrictSerializer",
+    "id_path_parameter",
     "id_pattern",
     "is_id",
     "list_of",

@@ -208,6 +208,7 @@ _VALIDATION_CODES = {
     "blank": "parameter_missing",
     "unknown_field": "parameter_unknown",
     "invalid": "parameter_invalid",
+    "not_integer": "parameter_not_integer",
     "invalid_choice": "parameter_invalid",
     "max_value": "parameter_out_of_range",
     "min_value": "parameter_out_of_range",

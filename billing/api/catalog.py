@@ -6,7 +6,7 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 
@@ -14,9 +14,7 @@ from billing import serializers as s
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog
-from hardcount.api import ERROR, ApiView, list_of
-
-ID_PATH = OpenApiParameter("id", str, OpenApiParameter.PATH, description="The object's id.")
+from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 
 
 class CustomerListView(ApiView):
@@ -64,7 +62,7 @@ class CustomerDetailView(ApiView):
         operation_id="customers_retrieve",
         summary="Retrieve a customer",
         tags=["customers"],
-        parameters=[ID_PATH],
+        parameters=[id_path_parameter("customer")],
         responses=s.Customer,
     )
     def get(self, request, id):
@@ -102,7 +100,7 @@ class PriceDetailView(ApiView):
         operation_id="prices_retrieve",
         summary="Retrieve a price",
         tags=["prices"],
-        parameters=[ID_PATH],
+        parameters=[id_path_parameter("price")],
         responses=s.Price,
     )
     def get(self, request, id):
@@ -158,7 +156,7 @@ class SubscriptionDetailView(ApiView):
         operation_id="subscriptions_retrieve",
         summary="Retrieve a subscription",
         tags=["subscriptions"],
-        parameters=[ID_PATH],
+        parameters=[id_path_parameter("subscription")],
         responses=s.Subscription,
     )
     def get(self, request, id):
@@ -172,7 +170,7 @@ class SubscriptionCancelView(ApiView):
         description="Cancels now (`status=canceled`, nothing more is billed), or with `at_period_end` at the "
         "end of the current period. 409 when the subscription is already canceled.",
         tags=["subscriptions"],
-        parameters=[ID_PATH],
+        parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionCancel,
         responses={200: s.Subscription},
     )
@@ -210,7 +208,7 @@ class InvoiceDetailView(ApiView):
         operation_id="invoices_retrieve",
         summary="Retrieve an invoice",
         tags=["invoices"],
-        parameters=[ID_PATH],
+        parameters=[id_path_parameter("invoice")],
         responses=s.Invoice,
     )
     def get(self, request, id):

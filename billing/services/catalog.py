@@ -23,6 +23,20 @@ from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictEr
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from outbox.services import emit_event
 
+# Codes of the 422s this module raises for requests whose every field is well-formed on its own
+# (cross-field and time-relative rules the OpenAPI document can only describe in prose).
+BUSINESS_RULE_CODES = frozenset(
+    {
+        "test_mode_only",
+        "price_inactive",
+        "currency_mismatch",
+        "interval_count_too_long",
+        "trial_conflict",
+        "trial_end_out_of_range",
+        "billing_cycle_anchor_out_of_range",
+    }
+)
+
 # Longest billing interval accepted: three years, in each interval's unit.
 MAX_INTERVAL_COUNT = {"day": 3 * 366, "week": 3 * 52, "month": 3 * 12, "year": 3}
 # Longest trial, as Stripe allows: 730 days.
@@ -123,7 +137,7 @@ def validate_price_terms(*, amount: int, currency: str, interval: str, interval_
     if not 1 <= interval_count <= cap:
         raise InvalidRequestError(
             f"interval_count must be from 1 to {cap} for interval '{interval}' (at most three years).",
-            code="parameter_out_of_range",
+            code="interval_count_too_long",
             param="interval_count",
         )
 
@@ -207,6 +221,7 @@ def create_subscription(
             if billing_cycle_anchor is not None:
                 raise InvalidRequestError(
                     "billing_cycle_anchor cannot be combined with a trial: the trial's end is the anchor.",
+                    code="trial_conflict",
                     param="billing_cycle_anchor",
                 )
             anchor = trial_end
@@ -244,22 +259,26 @@ def create_subscription(
 
 def _resolve_trial(now: datetime, *, trial_end: datetime | None, trial_period_days: int | None) -> datetime | None:
     if trial_end is not None and trial_period_days is not None:
-        raise InvalidRequestError("Give trial_end or trial_period_days, not both.", param="trial_period_days")
+        raise InvalidRequestError(
+            "Give trial_end or trial_period_days, not both.", code="trial_conflict", param="trial_period_days"
+        )
     if trial_period_days is not None:
         if not 1 <= trial_period_days <= MAX_TRIAL_DAYS:
             raise InvalidRequestError(
                 f"trial_period_days must be from 1 to {MAX_TRIAL_DAYS}.",
-                code="parameter_out_of_range",
+                code="trial_end_out_of_range",
                 param="trial_period_days",
             )
         return now + timedelta(days=trial_period_days)
     if trial_end is not None:
         if trial_end <= now:
-            raise InvalidRequestError("trial_end must be in the future.", param="trial_end")
+            raise InvalidRequestError(
+                "trial_end must be in the future.", code="trial_end_out_of_range", param="trial_end"
+            )
         if trial_end > now + timedelta(days=MAX_TRIAL_DAYS):
             raise InvalidRequestError(
                 f"trial_end must be at most {MAX_TRIAL_DAYS} days from now.",
-                code="parameter_out_of_range",
+                code="trial_end_out_of_range",
                 param="trial_end",
             )
     return trial_end
@@ -269,12 +288,14 @@ def _check_anchor(now: datetime, anchor: datetime, price: Price) -> None:
     if anchor < now - ANCHOR_PAST_TOLERANCE:
         raise InvalidRequestError(
             "billing_cycle_anchor may be at most 24 hours in the past (backdating is not supported).",
+            code="billing_cycle_anchor_out_of_range",
             param="billing_cycle_anchor",
         )
     latest = period_start(now, price.interval, price.interval_count, 1)
     if anchor > latest:
         raise InvalidRequestError(
             "billing_cycle_anchor may be at most one billing interval after now.",
+            code="billing_cycle_anchor_out_of_range",
             param="billing_cycle_anchor",
         )
 
@@ -331,6 +352,7 @@ def cancel_subscription(
 
 
 __all__ = [
+    "BUSINESS_RULE_CODES",
     "MAX_INTERVAL_COUNT",
     "MAX_TRIAL_DAYS",
     "billing_now",
