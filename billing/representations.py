@@ -122,3 +122,79 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "voided_at": iso(inv.voided_at),
         "marked_uncollectible_at": iso(inv.marked_uncollectible_at),
     }
+
+
+def ledger_entry_data(entry) -> dict[str, Any]:
+    """A credit ledger entry: signed ``amount`` (+ grants, − applies or carries a debit) and the balance after."""
+    return {
+        "id": entry.id,
+        "object": "customer_balance_transaction",
+        "livemode": entry.livemode,
+        "customer": entry.customer_id,
+        "amount": entry.amount,
+        "currency": entry.currency,
+        "balance_after": entry.balance_after,
+        "reason": entry.reason,
+        "description": entry.description,
+        "invoice": entry.invoice_id,
+        "created": iso(entry.created_at),
+    }
+
+
+def payment_attempt_data(attempt) -> dict[str, Any]:
+    """One call (or same-key series of calls) to the gateway for an invoice."""
+    return {
+        "id": attempt.id,
+        "object": "payment_attempt",
+        "livemode": attempt.livemode,
+        "invoice": attempt.invoice_id,
+        "attempt_number": attempt.attempt_number,
+        "payment_intent": attempt.payment_intent_id or None,
+        "idempotency_key": attempt.idempotency_key or None,
+        "payment_method": attempt.payment_method or None,
+        "amount": attempt.amount,
+        "currency": attempt.currency,
+        "outcome": attempt.outcome,
+        "decline_code": attempt.decline_code or None,
+        "error_message": attempt.error_message or None,
+        "http_status": attempt.http_status,
+        "settled_without_charge": attempt.settled_without_charge,
+        "started_at": iso(attempt.started_at),
+        "completed_at": iso(attempt.completed_at),
+    }
+
+
+def billing_run_data(run) -> dict[str, Any]:
+    """One drain: trigger, scope, status and counts."""
+    return {
+        "id": run.id,
+        "object": "billing_run",
+        "livemode": run.livemode,
+        "trigger": run.trigger,
+        "tenant": run.tenant_id,
+        "test_clock": run.test_clock_id,
+        "status": run.status,
+        "as_of": iso(run.as_of),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "pages": run.pages,
+        "attempted": run.attempted,
+        "billed": run.billed,
+        "failed": run.failed,
+        "error": run.error or None,
+    }
+
+
+def billing_attempt_data(attempt) -> dict[str, Any]:
+    """One subscription attempted by one run: outcome, error, and its failure number after the attempt."""
+    return {
+        "id": attempt.id,
+        "object": "billing_attempt",
+        "billing_run": attempt.run_id,
+        "subscription": attempt.subscription_id,
+        "invoice": attempt.invoice_id,
+        "outcome": attempt.outcome,
+        "error": attempt.error or None,
+        "failure_number": attempt.failure_number,
+        "created": iso(attempt.created_at),
+    }

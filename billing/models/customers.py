@@ -25,6 +25,9 @@ class Customer(TenantScoped):
     default_payment_method = models.CharField(max_length=255, blank=True, default="")
     # Stripe Customer id (cus_… at the gateway), created lazily on first charge.
     gateway_customer_id = models.CharField(max_length=255, blank=True, default="")
+    # The payment method last attached to the gateway customer; a different default is
+    # attached before it is first charged.
+    gateway_payment_method = models.CharField(max_length=255, blank=True, default="")
     credit_balance = models.BigIntegerField(default=0)
     currency = models.CharField(max_length=3, blank=True, default="")
     test_clock = models.ForeignKey(

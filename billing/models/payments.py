@@ -33,11 +33,23 @@ class PaymentAttempt(TenantScoped):
     outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES)
     decline_code = models.CharField(max_length=100, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
+    # HTTP status of the gateway's answer (None: no answer, or no call). With ``outcome``
+    # it decides whether the next try re-sends this attempt under its own key
+    # (see :func:`billing.gateway.is_transient_status`).
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     settled_without_charge = models.BooleanField(default=False)
     started_at = models.DateTimeField(default=timezone.now)
     completed_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        indexes = [
+            # The reconciler's scan for payments whose outcome is still unknown.
+            models.Index(
+                fields=["started_at"],
+                name="payment_attempt_unresolved_idx",
+                condition=models.Q(outcome__in=["unknown", "error"]),
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["invoice", "attempt_number"], name="payment_attempt_number_unique"),
             # At most one successful charge per invoice.

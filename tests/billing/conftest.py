@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -113,3 +113,92 @@ def make_card(stripe_client):
 
 
 T0 = datetime(2027, 1, 1, tzinfo=UTC)
+
+
+class Book:
+    """Builds a tenant's customers, prices and subscriptions straight in the database.
+
+    Subscriptions are anchored an hour before the DB's now() (so due) unless told otherwise;
+    each customer gets its own card PaymentMethod in localstripe (``card=None``: no method).
+    """
+
+    def __init__(self, make_card):
+        self._make_card = make_card
+
+    def tenant(self, name: str = "Acme"):
+        from hardcount.models import Tenant
+
+        return Tenant.objects.create(name=name)
+
+    def customer(self, tenant, *, card: str | None = VISA, livemode: bool = False, clock=None, currency: str = "usd"):
+        from billing.models import Customer
+
+        return Customer.objects.create(
+            tenant=tenant,
+            livemode=livemode,
+            email=f"c{Customer.objects.count()}@example.com",
+            default_payment_method=self._make_card(card) if card else "",
+            currency=currency,
+            test_clock=clock,
+        )
+
+    def price(self, tenant, *, amount: int = 1000, currency: str = "usd", interval: str = "month", livemode=False):
+        from billing.models import Price
+
+        return Price.objects.create(
+            tenant=tenant, livemode=livemode, amount=amount, currency=currency, interval=interval, interval_count=1
+        )
+
+    def subscription(self, customer, price, *, anchor: datetime | None = None, status: str = "active"):
+        from billing.models import Subscription
+        from billing.queries import database_now
+
+        if anchor is None:
+            anchor = database_now() - timedelta(hours=1)
+        return Subscription.objects.create(
+            tenant_id=customer.tenant_id,
+            livemode=customer.livemode,
+            customer=customer,
+            price=price,
+            status=status,
+            billing_cycle_anchor=anchor,
+            next_billing_at=anchor,
+            test_clock=customer.test_clock,
+        )
+
+    def subscribed(self, tenant, *, card: str | None = VISA, amount: int = 1000, currency: str = "usd", **kw):
+        """A new customer (with ``card``) subscribed to a new price: returns the subscription."""
+        customer = self.customer(tenant, card=card, currency=currency)
+        return self.subscription(customer, self.price(tenant, amount=amount, currency=currency), **kw)
+
+
+@pytest.fixture
+def book(transactional_db, stripe_proxy, make_card):
+    return Book(make_card)
+
+
+@pytest.fixture
+def tenant(book):
+    return book.tenant()
+
+
+def events(type_: str, **filters) -> list:
+    """Outbox events of ``type_`` (oldest first)."""
+    from outbox.models import Event
+
+    return list(Event.objects.filter(type=type_, **filters).order_by("sequence"))
+
+
+def age_payment_attempts(**filters) -> None:
+    """Move unresolved payment attempts' ``started_at`` past the in-flight window (no sleeping)."""
+    from billing.models import PaymentAttempt
+    from billing.services.payments import in_flight_window
+
+    for attempt in PaymentAttempt.objects.filter(**filters):
+        attempt.started_at -= in_flight_window() + timedelta(seconds=1)
+        attempt.save(update_fields=["started_at"])
+
+
+def pytest_configure(config):
+    # stripe's HTTPX client passes bytes as data=; httpx warns on every request.
+    config.addinivalue_line("filterwarnings", "ignore:Use 'content=<...>':DeprecationWarning")

@@ -1,0 +1,204 @@
+"""Billing's SQL that the ORM cannot say cleanly, each statement named with the guarantee it gives.
+
+Every statement runs on the caller's connection, inside the caller's transaction; times come
+from PostgreSQL's ``now()`` (one clock authority, SPEC §3) unless a test clock's time is
+passed as ``as_of``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import connection
+
+# SPEC §4: failure k (1..7) waits LADDER[k-1] after the failure; failure 8 parks.
+LADDER: tuple[timedelta, ...] = (
+    timedelta(minutes=15),
+    timedelta(hours=1),
+    timedelta(hours=4),
+    timedelta(hours=12),
+    timedelta(hours=24),
+    timedelta(hours=24),
+    timedelta(hours=24),
+)
+PARK_AT_FAILURE = len(LADDER) + 1
+
+BILLABLE = "('trialing', 'active', 'past_due')"
+
+
+def claim_due_page(
+    *,
+    livemode: bool,
+    tenant_id: str | None,
+    test_clock_id: str | None,
+    as_of: datetime | None,
+    exclude: list[str],
+    page_size: int,
+) -> list[tuple[str, int]]:
+    """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
+
+    Due: billable status, ``next_billing_at <= as_of`` (``now()`` when None), not waiting
+    (``next_billing_attempt_at`` unset or passed), not parked, not in ``exclude`` (this run's
+    attempted ones). Wall-clock subscriptions only, unless ``test_clock_id`` names the clock
+    whose subscriptions are drained. ``FOR UPDATE SKIP LOCKED`` passes over rows another
+    transaction is closing right now; the CTE applies ``LIMIT`` once, so a page never exceeds
+    ``page_size``. The claim commits at once: the close re-locks each subscription and re-checks
+    it is still due for the same period (:func:`lock_due_subscription`), and the invoice's
+    unique index is the hard guard (docs/decisions/0010-drain-claims-and-parallel-closes.md).
+    """
+    clock_filter = "test_clock_id = %(test_clock_id)s" if test_clock_id else "test_clock_id IS NULL"
+    tenant_filter = "AND tenant_id = %(tenant_id)s" if tenant_id else ""
+    sql = f"""
+        WITH due AS (
+            SELECT id, periods_billed, next_billing_at
+            FROM billing_subscription
+            WHERE livemode = %(livemode)s
+              AND status IN {BILLABLE}
+              AND billing_parked_at IS NULL
+              AND {clock_filter}
+              AND next_billing_at <= COALESCE(%(as_of)s::timestamptz, now())
+              AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())
+              AND NOT (id = ANY(%(exclude)s::text[]))
+              {tenant_filter}
+            ORDER BY next_billing_at
+            LIMIT %(page_size)s
+            FOR UPDATE SKIP LOCKED
+        )
+        SELECT id, periods_billed FROM due ORDER BY next_billing_at
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "livemode": livemode,
+                "tenant_id": tenant_id,
+                "test_clock_id": test_clock_id,
+                "as_of": as_of,
+                "exclude": exclude,
+                "page_size": page_size,
+            },
+        )
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def lock_due_subscription(
+    subscription_id: str,
+    *,
+    periods_billed: int,
+    test_clock_id: str | None,
+    as_of: datetime | None,
+    manual_retry: bool = False,
+) -> bool:
+    """LOCK_DUE_SUBSCRIPTION: lock the subscription iff it is still due for period ``periods_billed``.
+
+    ``FOR UPDATE SKIP LOCKED``: a row another transaction holds is being closed by someone
+    else, so the caller skips it. The re-check (same period index, still due, not waiting or
+    parked, same clock) makes a stale claim harmless: a period that another close has advanced
+    is not closed twice. ``manual_retry`` (an operator's retry-billing) ignores the waiting and
+    parked predicates, which that retry clears. Returns False when the row is not locked.
+    """
+    failure_filter = (
+        ""
+        if manual_retry
+        else "AND billing_parked_at IS NULL AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())"
+    )
+    sql = f"""
+        SELECT id FROM billing_subscription
+        WHERE id = %(id)s
+          AND periods_billed = %(periods_billed)s
+          AND status IN {BILLABLE}
+          AND test_clock_id IS NOT DISTINCT FROM %(test_clock_id)s
+          AND next_billing_at <= COALESCE(%(as_of)s::timestamptz, now())
+          {failure_filter}
+        FOR UPDATE SKIP LOCKED
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {"id": subscription_id, "periods_billed": periods_billed, "test_clock_id": test_clock_id, "as_of": as_of},
+        )
+        return cursor.fetchone() is not None
+
+
+def materialise_invoice(row: dict[str, object]) -> bool:
+    """MATERIALISE_INVOICE: ``INSERT … ON CONFLICT DO NOTHING``; True when this call inserted the row.
+
+    ``row`` maps ``billing_invoice`` columns to database values. The conflict that matters is
+    the partial unique index ``invoice_one_per_period`` on ``(subscription_id, period_start)``
+    (voided invoices excluded): a second close of the same period inserts nothing and takes the
+    existing invoice. No conflict target is named on purpose: the statement then needs no
+    particular index to exist, so the negative-control test that drops the index shows what the
+    index alone prevents (a duplicate invoice), instead of an error.
+    """
+    columns = list(row)
+    sql = (
+        f"INSERT INTO billing_invoice ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING RETURNING id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [row[c] for c in columns])
+        return cursor.fetchone() is not None
+
+
+def next_invoice_number(tenant_id: str, livemode: bool) -> int:
+    """NEXT_INVOICE_NUMBER: the next number of (tenant, mode), under the counter row's lock.
+
+    The upsert locks the counter row until the caller's transaction ends, so numbers are
+    assigned in commit order and a rolled-back transaction gives its number back: gapless.
+    Call it last in a transaction to keep the lock short.
+    """
+    sql = """
+        INSERT INTO billing_invoicecounter (tenant_id, livemode, last_number) VALUES (%s, %s, 1)
+        ON CONFLICT (tenant_id, livemode) DO UPDATE SET last_number = billing_invoicecounter.last_number + 1
+        RETURNING last_number
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, livemode])
+        return cursor.fetchone()[0]
+
+
+def record_billing_failure(
+    subscription_id: str, *, error: str, fresh: bool = False
+) -> tuple[int, datetime | None, datetime | None, datetime]:
+    """RECORD_BILLING_FAILURE: count one more failure and set its ladder step, on the DB's clock.
+
+    Failure k (after this one) waits until ``now() + LADDER[k-1]`` for k ≤ 7; failure 8 parks
+    the subscription (``billing_parked_at = now()``, no next attempt). ``fresh`` counts from
+    zero (a manual retry starts the ladder again). Returns ``(count, next_billing_attempt_at,
+    billing_parked_at, failed_at)``. The caller holds the subscription's row lock.
+    """
+    sql = """
+        UPDATE billing_subscription SET
+            billing_failure_count = (CASE WHEN %(fresh)s THEN 0 ELSE billing_failure_count END) + 1,
+            next_billing_attempt_at = CASE
+                WHEN (CASE WHEN %(fresh)s THEN 0 ELSE billing_failure_count END) + 1 >= %(park_at)s THEN NULL
+                ELSE now() + (%(ladder)s::interval[])[(CASE WHEN %(fresh)s THEN 0 ELSE billing_failure_count END) + 1]
+            END,
+            billing_parked_at = CASE
+                WHEN (CASE WHEN %(fresh)s THEN 0 ELSE billing_failure_count END) + 1 >= %(park_at)s THEN now()
+                ELSE NULL
+            END,
+            last_billing_error = %(error)s,
+            updated_at = now()
+        WHERE id = %(id)s
+        RETURNING billing_failure_count, next_billing_attempt_at, billing_parked_at, now()
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            {
+                "id": subscription_id,
+                "error": error[:2000],
+                "fresh": fresh,
+                "park_at": PARK_AT_FAILURE,
+                "ladder": list(LADDER),
+            },
+        )
+        return cursor.fetchone()
+
+
+def database_now() -> datetime:
+    """DB_NOW: PostgreSQL's ``now()`` (the current transaction's start; outside one, this statement's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

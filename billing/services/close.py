@@ -1,0 +1,408 @@
+"""Closing one subscription period: the three crash-safe steps of SPEC §4.
+
+1. One transaction: lock the subscription and re-check it is still due for the claimed period;
+   materialise the period's invoice (``INSERT … ON CONFLICT DO NOTHING`` on the unique index,
+   or take the existing one); compute tax and apply the customer's balance; finalise it with a
+   gapless number; reserve the payment attempt (:mod:`billing.services.payments`). A tax outage
+   leaves the invoice a ``pending`` draft and advances the period without a charge.
+2. Charge ``amount_due`` through the gateway, outside any transaction.
+3. One transaction: record the attempt and act on it (paid → period advances; declined → the
+   period advances, ``past_due``, dunning; failure → the period stays, the retry ladder).
+
+A crash between any two steps is harmless: after step 1 the invoice and the reserved attempt
+exist, and the next close takes both and re-sends the attempt under its key; after step 2 the
+gateway has stored its answer under that key. ``hooks`` lets tests stop a close between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+from billing import gateway as gw
+from billing.models import BillingRun, Invoice, InvoiceLineItem, Subscription
+from billing.periods import period_bounds
+from billing.queries import database_now, lock_due_subscription, materialise_invoice, next_invoice_number
+from billing.representations import invoice_data, subscription_data
+from billing.services.ledger import apply_balance_locked, lock_customer
+from billing.services.payments import (
+    ChargePlan,
+    Outcome,
+    PaymentInFlight,
+    act_on_paid_locked,
+    advance_period_locked,
+    billing_time,
+    clear_failure_state,
+    is_current_period,
+    needs_no_charge,
+    record_outcome,
+    reserve_attempt_locked,
+    save_failure_locked,
+    send,
+    settle_without_charge_locked,
+    write_billing_attempt,
+)
+from billing.tax import TaxableInvoice, TaxUnavailable, get_tax_provider
+from leases.fencing import NO_FENCE, Fence, LeaseLost
+from outbox.services import emit_event
+
+log = logging.getLogger("billing.close")
+
+
+@dataclass
+class Hooks:
+    """Test seams between the steps of a close: ``after_prepare(plan)`` once step 1 has
+    committed, ``after_charge(plan, result)`` once the gateway answered. None in production."""
+
+    after_prepare: Callable[[ChargePlan], None] | None = None
+    after_charge: Callable[[ChargePlan, gw.ChargeResult], None] | None = None
+
+
+hooks = Hooks()
+
+
+def close_subscription_period(
+    subscription_id: str,
+    *,
+    periods_billed: int,
+    run: BillingRun | None,
+    as_of: datetime | None = None,
+    test_clock_id: str | None = None,
+    fence: Fence = NO_FENCE,
+    manual_retry: bool = False,
+) -> Outcome:
+    """Close period ``periods_billed`` of a subscription claimed as due; returns its :class:`Outcome`.
+
+    ``as_of`` is the billing time (a test clock's time; None: the DB's now()); ``test_clock_id``
+    must be the subscription's clock (None for wall-clock ones). ``manual_retry`` is an operator's
+    retry-billing: it ignores and clears the failure state, and a failure starts the ladder
+    afresh. Never raises for a failing subscription (the failure is saved on the subscription,
+    or for transient database errors only reported); raises :class:`LeaseLost` when the fence
+    refuses a write.
+    """
+    try:
+        prepared = _prepare(
+            subscription_id,
+            periods_billed=periods_billed,
+            run=run,
+            as_of=as_of,
+            test_clock_id=test_clock_id,
+            fence=fence,
+            manual_retry=manual_retry,
+        )
+        if isinstance(prepared, Outcome):
+            return prepared
+        if hooks.after_prepare:
+            hooks.after_prepare(prepared)
+        result = send(prepared)
+        if hooks.after_charge:
+            hooks.after_charge(prepared, result)
+        return record_outcome(
+            prepared, result, fence=fence, save_failure=True, fresh_ladder=manual_retry, run=run, as_of=as_of
+        )
+    except LeaseLost:
+        raise
+    except (OperationalError, InterfaceError) as exc:
+        # A serialization or deadlock abort, or a lost connection: not saved on the subscription
+        # (SPEC §4); the run's exclude list keeps it from being retried in this run.
+        log.warning("close of %s hit a database error (not saved): %s", subscription_id, exc)
+        outcome = Outcome("failed", error=f"database: {exc}")
+        _best_effort_attempt_row(
+            run, subscription_id, outcome=outcome, test_clock_id=test_clock_id, as_of=as_of, fence=fence
+        )
+        return outcome
+    except Exception as exc:
+        log.exception("close of %s failed", subscription_id)
+        return _save_exception(
+            subscription_id,
+            periods_billed=periods_billed,
+            run=run,
+            error=f"{type(exc).__name__}: {exc}",
+            as_of=as_of,
+            test_clock_id=test_clock_id,
+            fence=fence,
+            manual_retry=manual_retry,
+        )
+
+
+def _prepare(
+    subscription_id: str,
+    *,
+    periods_billed: int,
+    run: BillingRun | None,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+    manual_retry: bool,
+) -> ChargePlan | Outcome:
+    """Step 1. Returns the plan to charge, or the outcome when the close ends without a call."""
+    with transaction.atomic():
+        fence.check()
+        if not lock_due_subscription(
+            subscription_id,
+            periods_billed=periods_billed,
+            test_clock_id=test_clock_id,
+            as_of=as_of,
+            manual_retry=manual_retry,
+        ):
+            outcome = Outcome("skipped", error="not due for this period any more, or being closed elsewhere")
+            write_billing_attempt(run, subscription_id, outcome, now=billing_time(test_clock_id, as_of))
+            return outcome
+        sub = Subscription.objects.select_related("price").get(pk=subscription_id)
+        now = billing_time(test_clock_id, as_of)
+        if manual_retry:
+            clear_failure_state(sub)
+            sub.save(
+                update_fields=[
+                    "billing_failure_count",
+                    "next_billing_attempt_at",
+                    "billing_parked_at",
+                    "last_billing_error",
+                    "updated_at",
+                ]
+            )
+        if sub.cancel_at_period_end:
+            return _cancel_at_period_end_locked(sub, run, now)
+
+        price = sub.price
+        start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
+        inserted_id = _materialise(sub, start, end, now)
+        if inserted_id:
+            invoice = Invoice.objects.select_for_update().get(pk=inserted_id)
+        else:
+            invoice = (
+                Invoice.objects.select_for_update()
+                .filter(subscription_id=sub.id, period_start=start)
+                .exclude(status=Invoice.VOID)
+                .order_by("created_at", "id")
+                .first()
+            )
+            if invoice is None:  # voided meanwhile (the insert saw it): try again next run
+                raise RuntimeError(f"invoice for {sub.id} at {start} vanished")
+
+        if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(invoice, now=now):
+            return _tax_pending_locked(sub, invoice, run, now)
+        if invoice.status in (Invoice.PAID, Invoice.UNCOLLECTIBLE):
+            # Settled but not advanced (cannot happen through the close; defensive).
+            act_on_paid_locked(sub, invoice, now=now)
+            outcome = Outcome("billed", invoice.id)
+            write_billing_attempt(run, sub.id, outcome, now=now)
+            return outcome
+
+        customer = lock_customer(sub.customer_id)
+        if needs_no_charge(invoice):
+            settle_without_charge_locked(invoice, customer, now=now)
+            act_on_paid_locked(sub, invoice, now=now)
+            outcome = Outcome("billed", invoice.id)
+            write_billing_attempt(run, sub.id, outcome, now=now)
+            return outcome
+        try:
+            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        except PaymentInFlight as exc:
+            outcome = Outcome("skipped", invoice.id, error=exc.message)
+            write_billing_attempt(run, sub.id, outcome, now=now)
+            return outcome
+        if plan.known_result is not None:
+            # Nothing to send (no payment method): record it in this same transaction.
+            return record_outcome(
+                plan,
+                plan.known_result,
+                fence=fence,
+                save_failure=True,
+                fresh_ladder=manual_retry,
+                run=run,
+                as_of=as_of,
+            )
+        return plan
+
+
+def _materialise(sub: Subscription, start: datetime, end: datetime, now: datetime) -> str | None:
+    """Insert the period's draft invoice and its line unless one exists; the new id, or None."""
+    price = sub.price
+    invoice = Invoice(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        subscription_id=sub.id,
+        status=Invoice.DRAFT,
+        currency=price.currency,
+        period_start=start,
+        period_end=end,
+        subtotal=price.amount,
+        total=price.amount,
+        amount_due=price.amount,
+        created_at=now,
+    )
+    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
+    if not materialise_invoice(row):
+        return None
+    InvoiceLineItem.objects.create(
+        invoice_id=invoice.id,
+        description=_line_description(sub),
+        price_id=price.id,
+        quantity=1,
+        amount=price.amount,
+        currency=price.currency,
+        period_start=start,
+        period_end=end,
+    )
+    emit_event(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        type="invoice.created",
+        data=invoice_data(Invoice.objects.get(pk=invoice.id)),
+        created_at=now,
+    )
+    return invoice.id
+
+
+def _line_description(sub: Subscription) -> str:
+    price = sub.price
+    unit = price.interval if price.interval_count == 1 else f"{price.interval_count} {price.interval}s"
+    name = price.nickname or "Subscription"
+    return f"{name} (every {unit})" if price.interval_count != 1 else f"{name} (per {unit})"
+
+
+def finalize_or_pend_locked(invoice: Invoice, *, now: datetime) -> bool:
+    """Compute tax, apply the customer's balance and finalise a draft (locked) invoice; True when finalised.
+
+    When the tax provider cannot answer, the invoice stays a draft with ``tax_status=pending``
+    and False is returned. Finalising: ``total = subtotal + tax``, the balance applied to the
+    total (:func:`billing.services.ledger.apply_balance_locked`), the next gapless number,
+    status ``open``, ``invoice.finalized``. The amounts are frozen from here on.
+    """
+    try:
+        quote = get_tax_provider().calculate(
+            TaxableInvoice(
+                tenant_id=invoice.tenant_id,
+                livemode=invoice.livemode,
+                customer_id=invoice.customer_id,
+                currency=invoice.currency,
+                subtotal=invoice.subtotal,
+            )
+        )
+    except TaxUnavailable as exc:
+        log.warning("tax unavailable for %s: %s", invoice.id, exc)
+        quote = None
+    except Exception:
+        log.exception("tax provider failed for %s", invoice.id)
+        quote = None
+    if quote is None:
+        if invoice.tax_status != Invoice.TAX_PENDING:
+            invoice.tax_status = Invoice.TAX_PENDING
+            invoice.save(update_fields=["tax_status"])
+        return False
+    invoice.tax = quote.amount
+    invoice.tax_rate_bps = quote.rate_bps
+    invoice.tax_status = Invoice.TAX_CALCULATED if quote.applicable else Invoice.TAX_NOT_APPLICABLE
+    invoice.total = invoice.subtotal + invoice.tax
+    customer = lock_customer(invoice.customer_id)
+    apply_balance_locked(customer, invoice, at=now)
+    invoice.number = f"{next_invoice_number(invoice.tenant_id, invoice.livemode):06d}"
+    invoice.status = Invoice.OPEN
+    invoice.finalized_at = now
+    invoice.save()
+    emit_event(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        type="invoice.finalized",
+        data=invoice_data(invoice),
+        created_at=now,
+    )
+    return True
+
+
+def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
+    """The period advances without a charge; the reconciler finalises and charges the draft later."""
+    if is_current_period(sub, invoice):
+        advance_period_locked(sub, invoice)
+        clear_failure_state(sub)
+        if sub.status == Subscription.TRIALING:
+            sub.status = Subscription.ACTIVE
+        sub.save()
+        emit_event(
+            tenant_id=sub.tenant_id,
+            livemode=sub.livemode,
+            type="subscription.updated",
+            data=subscription_data(sub),
+            created_at=now,
+        )
+    outcome = Outcome("tax_pending", invoice.id, error="tax provider unavailable: invoice waits as a draft")
+    write_billing_attempt(run, sub.id, outcome, now=now)
+    return outcome
+
+
+def _cancel_at_period_end_locked(sub: Subscription, run: BillingRun | None, now: datetime) -> Outcome:
+    """A subscription set to cancel at period end reaches its period end: cancel instead of billing."""
+    sub.status = Subscription.CANCELED
+    sub.canceled_at = sub.canceled_at or now
+    sub.ended_at = sub.next_billing_at
+    sub.next_billing_at = None
+    clear_failure_state(sub)
+    sub.save()
+    emit_event(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        type="subscription.canceled",
+        data=subscription_data(sub),
+        created_at=now,
+    )
+    outcome = Outcome("skipped", error="canceled at period end")
+    write_billing_attempt(run, sub.id, outcome, now=now)
+    return outcome
+
+
+def _save_exception(
+    subscription_id: str,
+    *,
+    periods_billed: int,
+    run: BillingRun | None,
+    error: str,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+    manual_retry: bool,
+) -> Outcome:
+    """An exception in the close is a failure: saved on the subscription if it is still on that period."""
+    outcome = Outcome("failed", error=error)
+    try:
+        with transaction.atomic():
+            fence.check()
+            sub = Subscription.objects.select_for_update().filter(pk=subscription_id).first()
+            now = billing_time(test_clock_id, as_of)
+            if (
+                sub is not None
+                and sub.periods_billed == periods_billed
+                and sub.status in Subscription.BILLABLE_STATUSES
+            ):
+                outcome.failure_number, _ = save_failure_locked(sub, error=error, fresh=manual_retry)
+                outcome.saved = not sub.test_clock_id
+            write_billing_attempt(run, subscription_id, outcome, now=now)
+    except LeaseLost:
+        raise
+    except Exception:
+        log.exception("could not save the failure of %s", subscription_id)
+    return outcome
+
+
+def _best_effort_attempt_row(
+    run: BillingRun | None,
+    subscription_id: str,
+    *,
+    outcome: Outcome,
+    test_clock_id: str | None,
+    as_of: datetime | None,
+    fence: Fence,
+) -> None:
+    try:
+        with transaction.atomic():
+            fence.check()
+            write_billing_attempt(run, subscription_id, outcome, now=billing_time(test_clock_id, as_of))
+    except LeaseLost:
+        raise
+    except Exception:
+        log.warning("could not write the billing attempt of %s", subscription_id)

@@ -1,0 +1,430 @@
+"""The billing drain (SPEC §4), the reconciler, and an operator's retry-billing.
+
+``drain_due`` bills page after page of due subscriptions until a page comes back empty;
+``page_size`` is a page size, never a cap. Each page is claimed with ``FOR UPDATE SKIP
+LOCKED`` (:func:`billing.queries.claim_due_page`), then its closes run in parallel on up to
+``concurrency`` threads, each with its own database connection
+(``HARDCOUNT_BILLING_CONCURRENCY``, default 8). Every attempted subscription joins the run's
+exclude list, so each is attempted at most once per run and a failing one never leads every
+page. There is no circuit breaker: a run never stops after N failures; a database error in
+the drain's own statements ends it. Why parallel closes keep exactly-once:
+docs/decisions/0010-drain-claims-and-parallel-closes.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from django.conf import settings
+from django.db import DatabaseError, connections, transaction
+from django.db.models import F, Q
+
+from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
+from billing.queries import claim_due_page, database_now
+from billing.representations import billing_run_data
+from billing.services.close import close_subscription_period, finalize_or_pend_locked
+from billing.services.ledger import lock_customer
+from billing.services.payments import (
+    Outcome,
+    PaymentInFlight,
+    act_on_paid_locked,
+    billing_time,
+    in_flight_window,
+    is_current_period,
+    needs_no_charge,
+    record_outcome,
+    reserve_attempt_locked,
+    reuses_key,
+    send,
+    settle_without_charge_locked,
+)
+from hardcount.errors import NotFoundError, StateConflictError
+from leases.fencing import NO_FENCE, Fence, LeaseLost
+from outbox.services import emit_event
+
+log = logging.getLogger("billing.drain")
+
+TRIGGERS = (BillingRun.SCHEDULER, BillingRun.MANUAL, BillingRun.TEST_CLOCK)
+
+
+class BillingRetryNotAllowed(StateConflictError):
+    """409: retry-billing needs a subscription that is waiting on the retry ladder or parked."""
+
+    default_code = "subscription_not_failing"
+
+
+class _Abandoned(Exception):
+    """A close not started because the fence said stop (a safe point)."""
+
+
+def drain_due(
+    *,
+    livemode: bool,
+    trigger: str,
+    tenant_id: str | None = None,
+    test_clock_id: str | None = None,
+    as_of: datetime | None = None,
+    page_size: int | None = None,
+    concurrency: int | None = None,
+    fence: Fence = NO_FENCE,
+    on_page: Callable[[BillingRun], None] | None = None,
+) -> BillingRun:
+    """Bill every due subscription of one mode (optionally one tenant, or one test clock) and return the run.
+
+    ``as_of``: the billing time of a test clock's drain (None: the DB's ``now()``, page by
+    page); ``test_clock_id`` drains only that clock's subscriptions (as of its ``frozen_time``
+    unless ``as_of`` is given), and wall-clock drains never touch clock subscriptions.
+    ``fence.alive()`` is consulted before each page and each subscription (safe points), and
+    ``fence.check()`` runs inside every write transaction. ``on_page(run)`` is called after each
+    page with the counts so far (the liveness stamp). Returns the :class:`BillingRun`
+    (``completed``, or ``failed`` with ``error`` when a database error ended it). Raises
+    :class:`LeaseLost` when the lease is lost: the run then stops writing at once and stays as
+    it was last written.
+    """
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger must be one of {TRIGGERS}")
+    page_size = page_size or settings.HARDCOUNT_BILLING_PAGE_SIZE
+    concurrency = max(1, concurrency or settings.HARDCOUNT_BILLING_CONCURRENCY)
+    if test_clock_id and as_of is None:
+        as_of = TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
+
+    run = _start_run(
+        livemode=livemode, trigger=trigger, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
+    )
+    exclude: list[str] = []
+
+    def close(item: tuple[str, int]) -> Outcome:
+        if not fence.alive():
+            raise _Abandoned()
+        subscription_id, periods_billed = item
+        return close_subscription_period(
+            subscription_id,
+            periods_billed=periods_billed,
+            run=run,
+            as_of=as_of,
+            test_clock_id=test_clock_id,
+            fence=fence,
+        )
+
+    pool = _ClosePool(concurrency)
+    try:
+        while True:
+            if not fence.alive():
+                raise LeaseLost("billing lease lost: drain stopped at a safe point")
+            try:
+                with transaction.atomic():
+                    fence.check()
+                    page = claim_due_page(
+                        livemode=livemode,
+                        tenant_id=tenant_id,
+                        test_clock_id=test_clock_id,
+                        as_of=as_of,
+                        exclude=exclude,
+                        page_size=page_size,
+                    )
+            except DatabaseError as exc:
+                log.error("billing drain %s ended by a database error: %s", run.id, exc)
+                _finish_run(run, BillingRun.FAILED, fence, error=f"database: {exc}")
+                return run
+            if not page:
+                break
+            exclude.extend(subscription_id for subscription_id, _ in page)
+            run.pages += 1
+            lease_lost = None
+            for result in pool.map(close, page):
+                if isinstance(result, _Abandoned | LeaseLost):
+                    lease_lost = result
+                    continue
+                if isinstance(result, BaseException):
+                    raise result
+                run.attempted += 1
+                if result.kind in ("billed", "declined", "tax_pending"):
+                    run.billed += 1
+                elif result.kind == "failed":
+                    run.failed += 1
+            if lease_lost is not None:
+                raise LeaseLost("billing lease lost during a page") from lease_lost
+            _save_counts(run, fence)
+            if on_page is not None:
+                on_page(run)
+        _finish_run(run, BillingRun.COMPLETED, fence)
+    finally:
+        pool.shutdown()
+    return run
+
+
+def _start_run(
+    *,
+    livemode: bool,
+    trigger: str,
+    tenant_id: str | None,
+    test_clock_id: str | None,
+    as_of: datetime | None,
+    fence: Fence,
+) -> BillingRun:
+    with transaction.atomic():
+        fence.check()
+        now = database_now()
+        if trigger == BillingRun.SCHEDULER:
+            # Only the lease holder runs scheduler drains: an older one still "running" died.
+            BillingRun.objects.filter(
+                trigger=BillingRun.SCHEDULER, livemode=livemode, status=BillingRun.RUNNING
+            ).update(status=BillingRun.ABANDONED, finished_at=now, error="superseded: its process stopped")
+        return BillingRun.objects.create(
+            trigger=trigger,
+            tenant_id=tenant_id,
+            livemode=livemode,
+            test_clock_id=test_clock_id,
+            as_of=as_of or now,
+            started_at=now,
+            lease_token=fence.token,
+        )
+
+
+def _save_counts(run: BillingRun, fence: Fence) -> None:
+    with transaction.atomic():
+        fence.check()
+        BillingRun.objects.filter(pk=run.pk).update(
+            pages=run.pages, attempted=run.attempted, billed=run.billed, failed=run.failed
+        )
+
+
+def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") -> None:
+    run.status = status
+    run.error = error
+    try:
+        with transaction.atomic():
+            fence.check()
+            run.finished_at = database_now()
+            run.save()
+            if run.tenant_id:
+                emit_event(
+                    tenant_id=run.tenant_id,
+                    livemode=run.livemode,
+                    type="billing_run.completed",
+                    data=billing_run_data(run),
+                    created_at=run.finished_at,
+                )
+    except LeaseLost:
+        raise
+    except DatabaseError:
+        if status != BillingRun.FAILED:
+            raise
+        log.error("could not record the end of billing run %s", run.id)
+
+
+class _ClosePool:
+    """Up to ``size`` worker threads, each with its own database connection, closed at shutdown.
+
+    ``map(fn, items)`` runs one page and returns results in item order; an exception (including
+    a ``BaseException`` such as a test's simulated kill) is returned in place of the result.
+    With ``size`` 1 the page runs on the caller's thread and connection.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._tasks: queue.Queue = queue.Queue()
+        self._threads: list[threading.Thread] = []
+
+    def _worker(self) -> None:
+        try:
+            while True:
+                task = self._tasks.get()
+                if task is None:
+                    return
+                fn, item, index, results = task
+                try:
+                    results.put((index, fn(item)))
+                except BaseException as exc:  # handed to the drain's thread, which decides
+                    results.put((index, exc))
+        finally:
+            connections.close_all()
+
+    def map(self, fn: Callable, items: list) -> list:
+        if self.size == 1:
+            out = []
+            for item in items:
+                try:
+                    out.append(fn(item))
+                except (_Abandoned, LeaseLost) as exc:
+                    out.append(exc)
+            return out
+        while len(self._threads) < min(self.size, len(items)):
+            thread = threading.Thread(target=self._worker, name=f"billing-close-{len(self._threads)}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        results: queue.Queue = queue.Queue()
+        for index, item in enumerate(items):
+            self._tasks.put((fn, item, index, results))
+        out: list = [None] * len(items)
+        for _ in items:
+            index, value = results.get()
+            out[index] = value
+        return out
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+
+
+# --- retry-billing --------------------------------------------------------------------------------------------------
+
+
+def retry_billing(subscription_id: str, *, tenant_id: str, livemode: bool) -> BillingAttempt:
+    """An operator's retry of a waiting or parked subscription: clear its failure state and attempt once, now.
+
+    Runs as a one-subscription ``manual`` billing run. Success leaves the subscription with
+    ``billing_failure_count`` 0 and its next period scheduled; a failure starts the ladder
+    afresh (failure 1, 15 minutes). Raises :class:`NotFoundError` for an unknown subscription
+    (or another tenant's or mode's) and :class:`BillingRetryNotAllowed` (409) unless the
+    subscription is waiting or parked. Returns the run's :class:`BillingAttempt`.
+    """
+    with transaction.atomic():
+        sub = (
+            Subscription.objects.select_for_update()
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        if sub.billing_state not in ("waiting", "parked") or sub.status not in Subscription.BILLABLE_STATUSES:
+            raise BillingRetryNotAllowed(
+                f"Subscription {sub.id} is neither waiting on the retry ladder nor parked; nothing to retry."
+            )
+        now = database_now()
+        run = BillingRun.objects.create(
+            trigger=BillingRun.MANUAL, tenant_id=tenant_id, livemode=livemode, as_of=now, started_at=now
+        )
+        periods_billed = sub.periods_billed
+    outcome = close_subscription_period(
+        sub.id, periods_billed=periods_billed, run=run, test_clock_id=sub.test_clock_id, manual_retry=True
+    )
+    run.pages = 1
+    run.attempted = 1
+    run.billed = int(outcome.kind in ("billed", "declined", "tax_pending"))
+    run.failed = int(outcome.kind == "failed")
+    _finish_run(run, BillingRun.COMPLETED, NO_FENCE)
+    return run.attempts.get(subscription_id=sub.id)
+
+
+# --- reconcile ------------------------------------------------------------------------------------------------------
+
+
+def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> dict:
+    """The billing tick's reconciler for one mode: tax-pending invoices, then payments left unresolved.
+
+    1. Draft invoices with ``tax_status=pending``: finalise and charge them once the tax
+       provider answers (the pass stops at the first one it still cannot tax).
+    2. Open invoices whose latest attempt is ``unknown`` (a timeout, a reset, a process that
+       died between charge and record) and older than the in-flight window: re-send it under
+       the same key and record what the gateway says. Transient errors on invoices whose period
+       has already advanced are re-sent the same way; those of a subscription still on that
+       period are left to the retry ladder.
+
+    At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
+    ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
+    """
+    counts = {"tax_finalized": 0, "tax_pending": 0, "payments_resolved": 0, "payments_unresolved": 0}
+    pending_ids = list(
+        Invoice.objects.filter(livemode=livemode, status=Invoice.DRAFT, tax_status=Invoice.TAX_PENDING)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    for index, invoice_id in enumerate(pending_ids):
+        if not fence.alive():
+            raise LeaseLost("billing lease lost: reconcile stopped at a safe point")
+        result = _reconcile_tax(invoice_id, fence)
+        if result == "pending":
+            counts["tax_pending"] = len(pending_ids) - index
+            break
+        if result == "finalized":
+            counts["tax_finalized"] += 1
+
+    with transaction.atomic():
+        cutoff = database_now() - in_flight_window()
+    transient_error = Q(outcome=PaymentAttempt.ERROR) & (
+        Q(http_status__isnull=True) | Q(http_status__in=[409, 429]) | Q(http_status__gte=500)
+    )
+    ladder_owned = Q(outcome=PaymentAttempt.ERROR, invoice__period_start=F("invoice__subscription__next_billing_at"))
+    candidates = (
+        PaymentAttempt.objects.filter(
+            Q(outcome=PaymentAttempt.UNKNOWN) | transient_error,
+            livemode=livemode,
+            started_at__lt=cutoff,
+            invoice__status=Invoice.OPEN,
+            settled_without_charge=False,
+        )
+        .exclude(idempotency_key="")
+        .exclude(ladder_owned)
+        .select_related("invoice")
+        .order_by("started_at")[:limit]
+    )
+    for attempt in candidates:
+        if not fence.alive():
+            raise LeaseLost("billing lease lost: reconcile stopped at a safe point")
+        resolved = _reconcile_payment(attempt, fence)
+        if resolved is None:
+            continue
+        counts["payments_resolved" if resolved else "payments_unresolved"] += 1
+    return counts
+
+
+def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
+    """``finalized`` (and charged), ``pending`` (provider still down) or ``skipped``."""
+    with transaction.atomic():
+        fence.check()
+        invoice = Invoice.objects.filter(pk=invoice_id).only("subscription_id").first()
+        if invoice is None:
+            return "skipped"
+        sub = None
+        if invoice.subscription_id:
+            sub = Subscription.objects.select_for_update().select_related("price").get(pk=invoice.subscription_id)
+        invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice_id).first()
+        if invoice is None or invoice.status != Invoice.DRAFT or invoice.tax_status != Invoice.TAX_PENDING:
+            return "skipped"
+        now = billing_time(sub.test_clock_id if sub else None)
+        if not finalize_or_pend_locked(invoice, now=now):
+            return "pending"
+        customer = lock_customer(invoice.customer_id)
+        if needs_no_charge(invoice):
+            settle_without_charge_locked(invoice, customer, now=now)
+            act_on_paid_locked(sub, invoice, now=now)
+            return "finalized"
+        plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        if plan.known_result is not None:
+            record_outcome(plan, plan.known_result, fence=fence)
+            return "finalized"
+    record_outcome(plan, send(plan), fence=fence)
+    return "finalized"
+
+
+def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
+    """Re-send an unresolved attempt under its key; True resolved, False still unresolved, None skipped."""
+    with transaction.atomic():
+        fence.check()
+        invoice = attempt.invoice
+        sub = None
+        if invoice.subscription_id:
+            sub = Subscription.objects.select_for_update().select_related("price").get(pk=invoice.subscription_id)
+        invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice.pk).first()
+        if invoice is None or invoice.status != Invoice.OPEN:
+            return None
+        latest = invoice.payment_attempts.order_by("-attempt_number").first()
+        if latest is None or latest.pk != attempt.pk or not reuses_key(latest):
+            return None
+        if latest.outcome == PaymentAttempt.ERROR and sub is not None and is_current_period(sub, invoice):
+            return None  # the retry ladder owns it
+        customer = lock_customer(invoice.customer_id)
+        try:
+            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        except PaymentInFlight:
+            return None
+    outcome = record_outcome(plan, send(plan), fence=fence)
+    return outcome.kind != "failed"

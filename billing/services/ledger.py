@@ -1,0 +1,183 @@
+"""The customer credit ledger: append-only entries, each written under the customer's row lock.
+
+Signs (decision 0051): a positive balance is credit the tenant owes the customer, applied to the
+next invoices; a negative balance is an amount the customer owes (a below-minimum invoice carried
+forward, as Stripe does), added to the next invoice. Every entry stores ``balance_after``, and
+every write locks the customer row first (``SELECT … FOR UPDATE``), so ``balance_after`` is the
+running sum by construction. Entries are never updated or deleted.
+
+The helpers prefixed ``_locked`` must run inside the caller's transaction, after the caller has
+locked the customer with :func:`lock_customer`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from billing.models import Customer, Invoice, LedgerEntry
+from billing.representations import ledger_entry_data
+from billing.services.catalog import billing_now
+from hardcount.errors import InvalidRequestError, NotFoundError
+from hardcount.money import MAX_AMOUNT, normalize_currency
+from outbox.services import emit_event
+
+
+def lock_customer(customer_id: str) -> Customer:
+    """``SELECT … FOR UPDATE`` the customer (inside the caller's transaction)."""
+    return Customer.objects.select_for_update().get(pk=customer_id)
+
+
+def _append_locked(
+    customer: Customer,
+    *,
+    amount: int,
+    currency: str,
+    reason: str,
+    at: datetime,
+    invoice: Invoice | None = None,
+    description: str = "",
+) -> LedgerEntry:
+    """Append one entry of signed ``amount`` minor units and move the balance (customer row locked)."""
+    if customer.currency and customer.currency != currency:
+        raise InvalidRequestError(
+            f"The customer's balance is in {customer.currency}, not {currency}.",
+            code="currency_mismatch",
+            param="currency",
+        )
+    customer.credit_balance += amount
+    fields = ["credit_balance"]
+    if not customer.currency:
+        customer.currency = currency
+        fields.append("currency")
+    customer.save(update_fields=fields)
+    return LedgerEntry.objects.create(
+        tenant_id=customer.tenant_id,
+        livemode=customer.livemode,
+        customer=customer,
+        amount=amount,
+        currency=currency,
+        balance_after=customer.credit_balance,
+        reason=reason,
+        invoice=invoice,
+        description=description,
+        created_at=at,
+    )
+
+
+def apply_balance_locked(customer: Customer, invoice: Invoice, *, at: datetime) -> int:
+    """Apply the customer's balance to ``invoice`` (its ``total`` known, not yet saved) and return it.
+
+    Credit (positive balance) covers up to the total; a debit (negative balance) is added to
+    the invoice whole. Sets ``invoice.credit_applied`` and ``invoice.amount_due``; writes an
+    ``applied_to_invoice`` entry of ``-credit_applied``. A balance in another currency is left
+    alone (amount_due = total).
+    """
+    applied = 0
+    if customer.credit_balance and customer.currency == invoice.currency:
+        applied = (
+            min(customer.credit_balance, invoice.total) if customer.credit_balance > 0 else customer.credit_balance
+        )
+    invoice.credit_applied = applied
+    invoice.amount_due = invoice.total - applied
+    if applied:
+        _append_locked(
+            customer,
+            amount=-applied,
+            currency=invoice.currency,
+            reason=LedgerEntry.APPLIED,
+            at=at,
+            invoice=invoice,
+            description=("credit applied to " if applied > 0 else "balance owed added to ") + invoice.id,
+        )
+    return applied
+
+
+def carry_debit_locked(customer: Customer, invoice: Invoice, *, at: datetime) -> LedgerEntry:
+    """Carry ``invoice.amount_due`` (below the minimum charge) to the balance as a debit."""
+    return _append_locked(
+        customer,
+        amount=-invoice.amount_due,
+        currency=invoice.currency,
+        reason=LedgerEntry.CARRIED_DEBIT,
+        at=at,
+        invoice=invoice,
+        description=f"below the minimum charge: carried from {invoice.id} to the next invoice",
+    )
+
+
+def return_credit_locked(customer: Customer, invoice: Invoice, *, at: datetime) -> LedgerEntry | None:
+    """Undo the balance applied to a voided invoice: ``+credit_applied`` back to the balance."""
+    if not invoice.credit_applied:
+        return None
+    return _append_locked(
+        customer,
+        amount=invoice.credit_applied,
+        currency=invoice.currency,
+        reason=LedgerEntry.ADJUSTMENT,
+        at=at,
+        invoice=invoice,
+        description=f"balance returned from voided invoice {invoice.id}",
+    )
+
+
+def grant_credit(
+    customer_id: str,
+    *,
+    tenant_id: str,
+    livemode: bool,
+    amount: int,
+    currency: str | None = None,
+    description: str = "",
+) -> LedgerEntry:
+    """Change a customer's balance by ``amount`` minor units and emit ``customer.credit_granted``.
+
+    Positive ``amount`` grants credit (reason ``grant``), negative records a debit (reason
+    ``adjustment``). ``currency`` defaults to the customer's; the balance has one currency
+    (decision 0051). Credit granted after an invoice was finalised goes to the next invoice:
+    finalised invoices are frozen (SPEC §4). Raises :class:`NotFoundError` for an unknown
+    customer (or one of another tenant or mode) and :class:`InvalidRequestError` for a zero or
+    out-of-range amount, an unknown currency, or a currency other than the balance's.
+    """
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount == 0 or abs(amount) > MAX_AMOUNT:
+        raise InvalidRequestError(
+            f"amount must be a non-zero integer from -{MAX_AMOUNT} to {MAX_AMOUNT} (minor units).",
+            code="parameter_out_of_range",
+            param="amount",
+        )
+    with transaction.atomic():
+        customer = (
+            Customer.objects.select_for_update().filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id).first()
+        )
+        if customer is None:
+            raise NotFoundError(f"No such customer: '{customer_id}'.", param="customer")
+        if currency is None:
+            if not customer.currency:
+                raise InvalidRequestError(
+                    "The customer has no balance currency yet: give currency.",
+                    code="parameter_missing",
+                    param="currency",
+                )
+            currency = customer.currency
+        try:
+            currency = normalize_currency(currency)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), code="currency_unsupported", param="currency") from exc
+        at = billing_now(customer.test_clock)
+        entry = _append_locked(
+            customer,
+            amount=amount,
+            currency=currency,
+            reason=LedgerEntry.GRANT if amount > 0 else LedgerEntry.ADJUSTMENT,
+            at=at,
+            description=description,
+        )
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="customer.credit_granted",
+            data=ledger_entry_data(entry),
+            created_at=at,
+        )
+    return entry

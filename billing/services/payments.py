@@ -1,0 +1,477 @@
+"""Charging an invoice: reserve a payment attempt, call the gateway, record the outcome and act on it.
+
+The same three steps serve the drain's close (:mod:`billing.services.close`), the reconciler,
+``POST /v1/invoices/{id}/pay`` and dunning retries (docs/decisions/0011):
+
+1. :func:`reserve_attempt_locked`, inside the caller's transaction with the subscription, the
+   invoice and the customer locked: choose the attempt and its idempotency key, and write the
+   :class:`~billing.models.PaymentAttempt` row *before* the call, with outcome ``unknown``. A
+   process that dies during the call leaves that row behind, so the next try re-sends the same
+   request under the same key (Stripe replays the answer) and never creates a second
+   PaymentIntent.
+2. :func:`send`: the gateway call, outside any transaction.
+3. :func:`record_outcome`: one transaction that records the answer on the attempt and acts on
+   it (invoice paid; period advanced; ``past_due`` and dunning on a decline; the retry ladder
+   on a failure), with every event.
+
+A row is one idempotency key: a same-key re-send updates it. A definite outcome (succeeded,
+declined, a final error) is never overwritten by a later indefinite one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+
+from billing import gateway as gw
+from billing.models import BillingAttempt, BillingRun, Customer, Invoice, PaymentAttempt, Subscription, TestClock
+from billing.periods import period_start
+from billing.queries import database_now, record_billing_failure
+from billing.representations import invoice_data, subscription_data
+from billing.services.ledger import carry_debit_locked
+from dunning import services as dunning_services
+from hardcount.errors import StateConflictError
+from hardcount.money import minimum_charge
+from leases.fencing import NO_FENCE, Fence
+from outbox.services import emit_event
+
+log = logging.getLogger("billing.payments")
+
+OPEN_OUTCOMES = (PaymentAttempt.UNKNOWN, PaymentAttempt.ERROR)
+
+
+class PaymentInFlight(StateConflictError):
+    """409: a payment attempt of this invoice is in flight (sent, not yet recorded)."""
+
+    default_code = "payment_in_flight"
+
+
+def in_flight_window() -> timedelta:
+    """How long an ``unknown`` attempt counts as in flight: five gateway timeouts.
+
+    Step 2 makes at most four requests (customer, attach, PaymentIntent, charge lookup), each
+    bounded by ``HARDCOUNT_GATEWAY_TIMEOUT_S``; after the window the caller that reserved the
+    attempt is presumed dead and the next try re-sends it under its key.
+    """
+    return timedelta(seconds=5 * float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
+
+
+def reuses_key(attempt: PaymentAttempt) -> bool:
+    """True when the next try of the invoice re-sends ``attempt`` under its own key."""
+    if attempt.settled_without_charge or not attempt.idempotency_key:
+        return False
+    if attempt.outcome == PaymentAttempt.UNKNOWN:
+        return True
+    return attempt.outcome == PaymentAttempt.ERROR and gw.is_transient_status(attempt.http_status)
+
+
+@dataclass
+class ChargePlan:
+    """What step 2 sends: the reserved attempt and the request (or a result known without a call)."""
+
+    attempt_id: str
+    invoice_id: str
+    subscription_id: str | None
+    request: gw.ChargeRequest | None
+    known_result: gw.ChargeResult | None = None
+
+
+@dataclass
+class Outcome:
+    """What one close or charge came to, for the run's counts and its billing attempt row.
+
+    ``kind``: ``billed``, ``declined``, ``tax_pending``, ``failed`` or ``skipped``; ``saved``:
+    the failure was saved on the subscription (the retry ladder).
+    """
+
+    kind: str
+    invoice_id: str | None = None
+    error: str = ""
+    failure_number: int = 0
+    saved: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+# --- billing time ---------------------------------------------------------------------------------------------------
+
+
+def billing_time(test_clock_id: str | None, as_of: datetime | None = None) -> datetime:
+    """``as_of`` if given, else the clock's ``frozen_time`` for an object on a test clock, else the DB's now()."""
+    if as_of is not None:
+        return as_of
+    if test_clock_id:
+        return TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
+    return database_now()
+
+
+# --- step 1 ---------------------------------------------------------------------------------------------------------
+
+
+def reserve_attempt_locked(invoice: Invoice, customer: Customer, *, now: datetime) -> ChargePlan:
+    """Reserve the next payment attempt of an ``open`` invoice (invoice and customer locked by the caller).
+
+    If the latest attempt is still open (``unknown``, or a transient error) it is re-sent under
+    its own key and body: raises :class:`PaymentInFlight` when it is ``unknown`` and younger
+    than :func:`in_flight_window` (someone is sending it right now). Otherwise a new attempt:
+    number n+1, key ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
+    ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
+    ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:
+    the attempt is a decline (``payment_method_missing``).
+    """
+    latest = invoice.payment_attempts.order_by("-attempt_number").first()
+    if latest is not None and reuses_key(latest):
+        if latest.outcome == PaymentAttempt.UNKNOWN and latest.started_at > now - in_flight_window():
+            raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
+        latest.outcome = PaymentAttempt.UNKNOWN
+        latest.started_at = now
+        latest.save(update_fields=["outcome", "started_at"])
+        return ChargePlan(latest.id, invoice.id, invoice.subscription_id, _request(invoice, customer, latest))
+
+    number = (latest.attempt_number if latest else 0) + 1
+    payment_method = customer.default_payment_method
+    attempt = PaymentAttempt(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        invoice=invoice,
+        attempt_number=number,
+        payment_intent_id=invoice.payment_intent_id,
+        payment_method=payment_method,
+        amount=invoice.amount_due,
+        currency=invoice.currency,
+        outcome=PaymentAttempt.UNKNOWN,
+        started_at=now,
+        completed_at=now,
+    )
+    if not payment_method:
+        # Nothing to send. Recorded as a decline by record_outcome (the caller runs it in this
+        # same transaction when ``known_result`` is set).
+        attempt.save(force_insert=True)
+        known = gw.ChargeResult(
+            outcome=gw.DECLINED,
+            decline_code="payment_method_missing",
+            error_message="The customer has no default payment method.",
+        )
+        return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, None, known_result=known)
+    attempt.idempotency_key = (
+        gw.attempt_key(invoice.id, number) if invoice.payment_intent_id else gw.create_key(invoice.id)
+    )
+    attempt.save(force_insert=True)
+    return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, _request(invoice, customer, attempt))
+
+
+def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> gw.ChargeRequest:
+    # Everything that shapes the body under the key comes from the attempt row (frozen when it
+    # was reserved) or from ids that never change once known.
+    return gw.ChargeRequest(
+        invoice_id=invoice.id,
+        customer_id=customer.id,
+        customer_email=customer.email,
+        customer_name=customer.name,
+        gateway_customer_id=customer.gateway_customer_id,
+        payment_method=attempt.payment_method,
+        attach_payment_method=customer.gateway_payment_method != attempt.payment_method,
+        amount=attempt.amount,
+        currency=attempt.currency,
+        idempotency_key=attempt.idempotency_key,
+        payment_intent_id=attempt.payment_intent_id if attempt.idempotency_key != gw.create_key(invoice.id) else "",
+        tenant_id=invoice.tenant_id,
+    )
+
+
+def settle_without_charge_locked(invoice: Invoice, customer: Customer, *, now: datetime) -> PaymentAttempt:
+    """Settle an open invoice whose ``amount_due`` is zero or under the gateway's minimum, without a call.
+
+    Zero: paid. Under the minimum (e.g. 50 cents USD, :func:`hardcount.money.minimum_charge`):
+    the amount is carried to the customer's balance as a debit for the next invoice, and the
+    invoice is marked paid, as Stripe does; ``amount_paid`` stays 0 (no money moved; the ledger
+    entry ``carried_debit`` links the invoice). Emits ``invoice.paid``.
+    """
+    latest = invoice.payment_attempts.order_by("-attempt_number").first()
+    if invoice.amount_due > 0:
+        carry_debit_locked(customer, invoice, at=now)
+    attempt = PaymentAttempt.objects.create(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        invoice=invoice,
+        attempt_number=(latest.attempt_number if latest else 0) + 1,
+        amount=invoice.amount_due,
+        currency=invoice.currency,
+        outcome=PaymentAttempt.SUCCEEDED,
+        settled_without_charge=True,
+        started_at=now,
+        completed_at=now,
+    )
+    invoice.status = Invoice.PAID
+    invoice.paid_at = now
+    invoice.save(update_fields=["status", "paid_at"])
+    emit_event(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        type="invoice.paid",
+        data=invoice_data(invoice),
+        created_at=now,
+    )
+    return attempt
+
+
+def needs_no_charge(invoice: Invoice) -> bool:
+    """True when ``amount_due`` is zero or below the currency's minimum charge."""
+    return invoice.amount_due < minimum_charge(invoice.currency)
+
+
+# --- step 2 ---------------------------------------------------------------------------------------------------------
+
+
+def send(plan: ChargePlan) -> gw.ChargeResult:
+    """Step 2: the gateway call for ``plan`` (no transaction open). Never raises for gateway trouble;
+    an unexpected exception in the call is an ``error`` outcome (a failure of the close)."""
+    if plan.known_result is not None:
+        return plan.known_result
+    assert plan.request is not None
+    try:
+        return gw.get_gateway().charge(plan.request)
+    except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
+        log.exception("gateway call for %s raised", plan.invoice_id)
+        return gw.ChargeResult(
+            outcome=gw.ERROR,
+            error_message=f"{type(exc).__name__}: {exc}",
+            gateway_customer_id=plan.request.gateway_customer_id,
+            payment_intent_id=plan.request.payment_intent_id,
+        )
+
+
+# --- step 3 ---------------------------------------------------------------------------------------------------------
+
+
+def is_current_period(subscription: Subscription, invoice: Invoice) -> bool:
+    """True when ``invoice`` bills the subscription's first period not yet invoiced (its period has not advanced)."""
+    price = subscription.price
+    start = period_start(
+        subscription.billing_cycle_anchor, price.interval, price.interval_count, subscription.periods_billed
+    )
+    return start == invoice.period_start
+
+
+def advance_period_locked(subscription: Subscription, invoice: Invoice) -> None:
+    """Move the subscription past the invoice's period: ``next_billing_at`` = the next period's start."""
+    subscription.current_period_start = invoice.period_start
+    subscription.current_period_end = invoice.period_end
+    subscription.periods_billed += 1
+    subscription.next_billing_at = invoice.period_end
+
+
+def clear_failure_state(subscription: Subscription) -> None:
+    """A successful close clears the failure state (SPEC §4)."""
+    subscription.billing_failure_count = 0
+    subscription.next_billing_attempt_at = None
+    subscription.billing_parked_at = None
+    subscription.last_billing_error = ""
+
+
+def _emit_sub(subscription: Subscription, type_: str, at: datetime) -> None:
+    emit_event(
+        tenant_id=subscription.tenant_id,
+        livemode=subscription.livemode,
+        type=type_,
+        data=subscription_data(subscription),
+        created_at=at,
+    )
+
+
+def _has_other_open_invoices(subscription: Subscription, invoice: Invoice) -> bool:
+    return subscription.invoices.filter(status=Invoice.OPEN).exclude(pk=invoice.pk).exists()
+
+
+def act_on_paid_locked(subscription: Subscription | None, invoice: Invoice, *, now: datetime) -> None:
+    """The subscription side of a paid invoice (subscription locked): advance its period if the
+    invoice is for the current one, clear the failure state, and return it to ``active``."""
+    if subscription is None:
+        return
+    changed = False
+    if is_current_period(subscription, invoice):
+        advance_period_locked(subscription, invoice)
+        clear_failure_state(subscription)
+        changed = True
+    if subscription.status == Subscription.TRIALING or (
+        subscription.status == Subscription.PAST_DUE and not _has_other_open_invoices(subscription, invoice)
+    ):
+        subscription.status = Subscription.ACTIVE
+        changed = True
+    if changed:
+        subscription.save()
+        _emit_sub(subscription, "subscription.updated", now)
+
+
+def act_on_declined_locked(
+    subscription: Subscription | None, invoice: Invoice, *, now: datetime, decline_code: str
+) -> None:
+    """The subscription side of a declined invoice: advance the period (the invoice stays open),
+    ``past_due``, and the dunning run of the invoice (SPEC §4: a declined invoice gets dunning)."""
+    if subscription is not None:
+        advanced = is_current_period(subscription, invoice)
+        if advanced:
+            advance_period_locked(subscription, invoice)
+            clear_failure_state(subscription)
+        became_past_due = subscription.status in (Subscription.TRIALING, Subscription.ACTIVE)
+        if became_past_due:
+            subscription.status = Subscription.PAST_DUE
+        if advanced or became_past_due:
+            subscription.save()
+        if became_past_due:
+            _emit_sub(subscription, "subscription.past_due", now)
+        if advanced:
+            _emit_sub(subscription, "subscription.updated", now)
+    dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
+
+
+def save_failure_locked(subscription: Subscription, *, error: str, fresh: bool = False) -> tuple[int, bool]:
+    """Save a failed close on a wall-clock subscription (locked): one more failure on the retry
+    ladder, ``subscription.billing_failed`` (or ``subscription.billing_parked`` for the 8th).
+    Returns ``(failure_number, parked)``. Test-clock subscriptions keep the reason on the clock
+    instead (SPEC §4: their failures are not saved)."""
+    if subscription.test_clock_id:
+        TestClock.objects.filter(pk=subscription.test_clock_id).update(last_failure=error[:2000])
+        return 0, False
+    count, next_at, parked_at, failed_at = record_billing_failure(subscription.id, error=error, fresh=fresh)
+    subscription.billing_failure_count = count
+    subscription.next_billing_attempt_at = next_at
+    subscription.billing_parked_at = parked_at
+    subscription.last_billing_error = error[:2000]
+    _emit_sub(subscription, "subscription.billing_parked" if parked_at else "subscription.billing_failed", failed_at)
+    return count, parked_at is not None
+
+
+def write_billing_attempt(
+    run: BillingRun | None, subscription_id: str, outcome: Outcome, *, now: datetime
+) -> BillingAttempt | None:
+    """The run's history row for one subscription (inside the caller's transaction)."""
+    if run is None:
+        return None
+    kind = {
+        "billed": BillingAttempt.BILLED,
+        "declined": BillingAttempt.DECLINED,
+        "tax_pending": BillingAttempt.TAX_PENDING,
+        "failed": BillingAttempt.FAILED,
+        "skipped": BillingAttempt.SKIPPED,
+    }[outcome.kind]
+    return BillingAttempt.objects.create(
+        run=run,
+        subscription_id=subscription_id,
+        invoice_id=outcome.invoice_id,
+        outcome=kind,
+        error=outcome.error[:2000],
+        failure_number=outcome.failure_number,
+        created_at=now,
+    )
+
+
+def record_outcome(
+    plan: ChargePlan,
+    result: gw.ChargeResult,
+    *,
+    fence: Fence = NO_FENCE,
+    save_failure: bool = False,
+    fresh_ladder: bool = False,
+    run: BillingRun | None = None,
+    as_of: datetime | None = None,
+    on_record=None,
+) -> Outcome:
+    """Step 3: record ``result`` on the attempt and act on it, in one fenced transaction.
+
+    Locks subscription → invoice → attempt → customer (the order every billing writer uses).
+    ``save_failure``: an indefinite outcome of the invoice's current period is saved on the
+    subscription (the drain's close); elsewhere (reconciler, pay API) a failure only stays on
+    the attempt. ``on_record(invoice, attempt, outcome)`` runs inside the transaction (dunning's
+    hook). Returns the :class:`Outcome`; writes ``run``'s billing attempt row when given.
+    """
+    with transaction.atomic():
+        fence.check()
+        subscription = None
+        if plan.subscription_id:
+            subscription = Subscription.objects.select_for_update().select_related("price").get(pk=plan.subscription_id)
+        invoice = Invoice.objects.select_for_update().get(pk=plan.invoice_id)
+        attempt = PaymentAttempt.objects.select_for_update().get(pk=plan.attempt_id)
+        customer = Customer.objects.select_for_update().get(pk=invoice.customer_id)
+        now = billing_time(invoice_clock_id(invoice, subscription), as_of)
+
+        customer_fields = []
+        if result.gateway_customer_id and customer.gateway_customer_id != result.gateway_customer_id:
+            customer.gateway_customer_id = result.gateway_customer_id
+            customer_fields.append("gateway_customer_id")
+        if result.payment_method_attached and customer.gateway_payment_method != attempt.payment_method:
+            customer.gateway_payment_method = attempt.payment_method
+            customer_fields.append("gateway_payment_method")
+        if customer_fields:
+            customer.save(update_fields=customer_fields)
+
+        if attempt.outcome != PaymentAttempt.UNKNOWN and not reuses_key(attempt):
+            # Someone recorded a definite outcome first (a racing same-key re-send): theirs stands
+            # and they acted on it.
+            outcome = Outcome("skipped", invoice.id, error=f"attempt already recorded as {attempt.outcome}")
+            if plan.subscription_id:
+                write_billing_attempt(run, plan.subscription_id, outcome, now=now)
+            return outcome
+
+        attempt.outcome = result.outcome
+        attempt.decline_code = result.decline_code[:100]
+        attempt.error_message = result.error_message[:2000]
+        attempt.http_status = result.http_status
+        attempt.completed_at = database_now()
+        if result.payment_intent_id:
+            attempt.payment_intent_id = result.payment_intent_id
+        attempt.save()
+        if result.payment_intent_id and not invoice.payment_intent_id:
+            invoice.payment_intent_id = result.payment_intent_id
+            invoice.save(update_fields=["payment_intent_id"])
+
+        if result.outcome == gw.SUCCEEDED:
+            outcome = Outcome("billed", invoice.id)
+            if invoice.status == Invoice.OPEN:
+                invoice.status = Invoice.PAID
+                invoice.amount_paid = invoice.amount_due
+                invoice.paid_at = now
+                invoice.attempt_count += 1
+                invoice.save(update_fields=["status", "amount_paid", "paid_at", "attempt_count"])
+                emit_event(
+                    tenant_id=invoice.tenant_id,
+                    livemode=invoice.livemode,
+                    type="invoice.paid",
+                    data=invoice_data(invoice),
+                    created_at=now,
+                )
+                dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
+            act_on_paid_locked(subscription, invoice, now=now)
+        elif result.outcome == gw.DECLINED:
+            outcome = Outcome("declined", invoice.id, error=f"declined: {result.decline_code}")
+            invoice.attempt_count += 1
+            invoice.save(update_fields=["attempt_count"])
+            emit_event(
+                tenant_id=invoice.tenant_id,
+                livemode=invoice.livemode,
+                type="invoice.payment_failed",
+                data=invoice_data(invoice),
+                created_at=now,
+            )
+            act_on_declined_locked(subscription, invoice, now=now, decline_code=result.decline_code)
+        else:
+            error = f"{result.outcome}: {result.error_message}"
+            outcome = Outcome("failed", invoice.id, error=error)
+            if save_failure and subscription is not None and is_current_period(subscription, invoice):
+                outcome.failure_number, _parked = save_failure_locked(subscription, error=error, fresh=fresh_ladder)
+                outcome.saved = not subscription.test_clock_id
+        if on_record is not None:
+            on_record(invoice, attempt, outcome)
+        if plan.subscription_id:
+            write_billing_attempt(run, plan.subscription_id, outcome, now=now)
+        return outcome
+
+
+def invoice_clock_id(invoice: Invoice, subscription: Subscription | None) -> str | None:
+    """The test clock an invoice's billing time follows (its subscription's, else its customer's)."""
+    if subscription is not None:
+        return subscription.test_clock_id
+    return Customer.objects.only("test_clock_id").get(pk=invoice.customer_id).test_clock_id
