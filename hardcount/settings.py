@@ -205,15 +205,33 @@ HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_
 # The scheduler's roles: dotted paths of role classes (see hardcount.scheduler). Comma-separated in the env.
 HARDCOUNT_ROLES = [
     r.strip()
-    for r in os.environ.get("HARDCOUNT_ROLES", "billing.loops.BillingRole,dunning.loops.DunningRole").split(",")
+    for r in os.environ.get(
+        "HARDCOUNT_ROLES", "billing.loops.BillingRole,dunning.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole"
+    ).split(",")
     if r.strip()
 ]
 # Leaderless services started with the runtime in every replica: dotted paths of objects with start()/stop().
-HARDCOUNT_SERVICES = [s.strip() for s in os.environ.get("HARDCOUNT_SERVICES", "").split(",") if s.strip()]
+HARDCOUNT_SERVICES = [
+    s.strip() for s in os.environ.get("HARDCOUNT_SERVICES", "outbox.scheduling.ExecutorService").split(",") if s.strip()
+]
 
-# Outbox.
+# Outbox (SPEC §6): executor workers per replica; a request's total and connect timeouts (the
+# lease on a delivery is twice the total); how often an idle executor looks for due work
+# (inserts also wake it at once through NOTIFY); the circuit breaker (open after this many
+# consecutive failures, for a cool-down doubling per further failure, up to 1 h); retention
+# of delivered rows; the maintenance role's interval.
 HARDCOUNT_OUTBOX_WORKERS = _env_int("HARDCOUNT_OUTBOX_WORKERS", 8)
 HARDCOUNT_DELIVERY_TIMEOUT_S = _env_float("HARDCOUNT_DELIVERY_TIMEOUT_S", 10.0)
+HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S = _env_float("HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S", 5.0)
+HARDCOUNT_OUTBOX_POLL_S = _env_float("HARDCOUNT_OUTBOX_POLL_S", 1.0)
+HARDCOUNT_OUTBOX_BREAKER_THRESHOLD = _env_int("HARDCOUNT_OUTBOX_BREAKER_THRESHOLD", 5)
+HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S = _env_float("HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S", 60.0)
+HARDCOUNT_OUTBOX_RETENTION_DAYS = _env_int("HARDCOUNT_OUTBOX_RETENTION_DAYS", 30)
+HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S = _env_float("HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S", 60.0)
+# On SIGTERM, requests in flight get this long to finish before they are cancelled (unset: the timeout).
+HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S = (
+    _env_float("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", 0) if os.environ.get("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S") else None
+)
 
 LOGGING = {
     "version": 1,

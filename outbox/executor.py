@@ -179,6 +179,7 @@ class ExecutorConfig:
             poll_interval_s=float(getattr(settings, "HARDCOUNT_OUTBOX_POLL_S", 1.0)),
             breaker_threshold=int(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_THRESHOLD", 5)),
             breaker_cooldown_s=float(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S", 60.0)),
+            shutdown_grace_s=getattr(settings, "HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", None),
         )
         return replace(base, **overrides)
 

@@ -23,7 +23,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
-    at: float
+    at: float  # monotonic
+    wall: float  # unix time of arrival (what a receiver checks a signature's timestamp against)
 
     @property
     def json(self):
@@ -58,7 +59,9 @@ class Receiver:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 path = self.path.split("?")[0]
-                req = Received(path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
+                req = Received(
+                    path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic(), time.time()
+                )
                 with receiver.lock:
                     receiver.requests.append(req)
                     nth = sum(1 for r in receiver.requests if r.path == path)

@@ -111,6 +111,11 @@ def test_failing_receiver_gets_at_most_eight_attempts_then_the_delivery_fails(te
     ]
     assert len(receiver.received("/fail")) == 8
     assert [r.headers["hardcount-attempt"] for r in receiver.received("/fail")] == [str(n) for n in range(1, 9)]
+    # Each attempt is signed when it is sent, so a receiver with a tight tolerance accepts
+    # every retry however late it comes, and the event id never changes.
+    for r in receiver.received("/fail"):
+        verify(r.body, r.headers["hardcount-signature"], endpoint.secret, tolerance_s=5, now=r.wall)
+    assert {r.json["id"] for r in receiver.received("/fail")} == {d.event_id}
     # Backoff with jitter: each wait within ±20 % of the schedule (and growing).
     from outbox.executor import RETRY_SCHEDULE_S
 
