@@ -166,10 +166,13 @@ class Book:
             test_clock=customer.test_clock,
         )
 
-    def subscribed(self, tenant, *, card: str | None = VISA, amount: int = 1000, currency: str = "usd", **kw):
+    def subscribed(
+        self, tenant, *, card: str | None = VISA, amount: int = 1000, currency: str = "usd", interval="month", **kw
+    ):
         """A new customer (with ``card``) subscribed to a new price: returns the subscription."""
         customer = self.customer(tenant, card=card, currency=currency)
-        return self.subscription(customer, self.price(tenant, amount=amount, currency=currency), **kw)
+        price = self.price(tenant, amount=amount, currency=currency, interval=interval)
+        return self.subscription(customer, price, **kw)
 
 
 @pytest.fixture
