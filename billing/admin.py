@@ -24,7 +24,7 @@ SCOPE_FILTERS = ("livemode", "tenant")
 
 
 def _money(amount_field: str, description: str):
-    def display(obj):
+    def display(model_admin, obj):
         try:
             return format_amount(getattr(obj, amount_field), obj.currency)
         except (KeyError, ValueError):

@@ -80,3 +80,46 @@ def live_api(acme) -> Api:
 def other_api(globex) -> Api:
     """Globex's test-mode client (another tenant)."""
     return Api(globex.test)
+
+
+def create_catalog(api: Api, *, currency: str = "usd", amount: int = 1000) -> dict:
+    """A customer, a price and a subscription through the API; returns their JSON bodies."""
+    status, customer = api.post("/v1/customers", {"email": "buyer@example.com", "name": "Buyer"})
+    assert status == 201, customer
+    status, price = api.post("/v1/prices", {"amount": amount, "currency": currency, "interval": "month"})
+    assert status == 201, price
+    status, subscription = api.post("/v1/subscriptions", {"customer": customer["id"], "price": price["id"]})
+    assert status == 201, subscription
+    return {"customer": customer, "price": price, "subscription": subscription}
+
+
+def create_invoice(subscription_id: str, *, status: str = "open"):
+    """An invoice row for the subscription's first period (invoices are made by the drain, not the API)."""
+    from billing.models import Invoice, InvoiceLineItem, Subscription
+    from billing.periods import period_bounds
+
+    sub = Subscription.objects.select_related("price").get(pk=subscription_id)
+    start, end = period_bounds(sub.billing_cycle_anchor, sub.price.interval, sub.price.interval_count, 0)
+    invoice = Invoice.objects.create(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        subscription=sub,
+        status=status,
+        currency=sub.price.currency,
+        period_start=start,
+        period_end=end,
+        subtotal=sub.price.amount,
+        total=sub.price.amount,
+        amount_due=sub.price.amount,
+    )
+    InvoiceLineItem.objects.create(
+        invoice=invoice,
+        description="Subscription",
+        price=sub.price,
+        amount=sub.price.amount,
+        currency=sub.price.currency,
+        period_start=start,
+        period_end=end,
+    )
+    return invoice
