@@ -173,16 +173,47 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "subscription_next_billing_at_last_period_end",
         "A subscription's next_billing_at is the end of its last invoiced period (billing in advance: the start "
-        "of the first period not yet invoiced), neither behind it nor past it.",
+        "of the first period not yet invoiced), neither behind it (a period billed twice) nor past it (a lost "
+        "period). The one exception is a last period whose close failed (SPEC §4: the period does not advance): "
+        "next_billing_at is then that period's start, and none of its invoices is paid, uncollectible, declined "
+        "or waiting for tax, the outcomes that advance a period.",
         """
+        WITH last AS (
+            SELECT DISTINCT ON (subscription_id) subscription_id, period_start, period_end
+            FROM billing_invoice WHERE subscription_id IS NOT NULL
+            ORDER BY subscription_id, period_end DESC
+        ), advanced AS (
+            SELECT DISTINCT i.subscription_id, i.period_start
+            FROM billing_invoice i
+            WHERE i.subscription_id IS NOT NULL
+              AND (i.status IN ('paid', 'uncollectible')
+                   OR (i.status = 'draft' AND i.tax_status = 'pending')
+                   OR EXISTS (SELECT 1 FROM billing_paymentattempt a
+                              WHERE a.invoice_id = i.id AND a.outcome = 'declined'))
+        )
         SELECT s.id AS ref,
-               'next_billing_at ' || s.next_billing_at || ' but the last invoiced period ends ' || last.period_end
-               AS detail
+               'next_billing_at ' || s.next_billing_at || ' but the last invoiced period is ['
+               || last.period_start || ', ' || last.period_end || ')'
+               || CASE WHEN s.next_billing_at = last.period_start THEN ', which was closed (paid, declined or taxed)'
+                       ELSE '' END AS detail
         FROM billing_subscription s
-        JOIN (SELECT subscription_id, max(period_end) AS period_end
-              FROM billing_invoice WHERE subscription_id IS NOT NULL
-              GROUP BY subscription_id) last ON last.subscription_id = s.id
-        WHERE s.next_billing_at IS NOT NULL AND s.next_billing_at <> last.period_end
+        JOIN last ON last.subscription_id = s.id
+        LEFT JOIN advanced ON advanced.subscription_id = s.id AND advanced.period_start = last.period_start
+        WHERE s.next_billing_at IS NOT NULL
+          AND s.next_billing_at <> last.period_end
+          AND NOT (s.next_billing_at = last.period_start AND advanced.subscription_id IS NULL)
+        """,
+    ),
+    Check(
+        "subscription_next_billing_on_cycle",
+        "next_billing_at is the start of period periods_billed of the subscription's cycle: anchor + "
+        "periods_billed × interval (the counter the close relies on agrees with the schedule).",
+        f"""
+        SELECT s.id AS ref, 'next_billing_at ' || s.next_billing_at || ' but period ' || s.periods_billed
+               || ' starts ' || (s.billing_cycle_anchor + {_step("s.periods_billed")}) AS detail
+        FROM billing_subscription s JOIN billing_price p ON p.id = s.price_id
+        WHERE s.next_billing_at IS NOT NULL
+          AND s.next_billing_at <> s.billing_cycle_anchor + {_step("s.periods_billed")}
         """,
     ),
     Check(
@@ -421,16 +452,16 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "idempotency_key_one_body",
-        "An idempotency key is used for one invoice and one amount only: a retry under the same key sends the "
-        "same body (SPEC §4).",
+        "An idempotency key is used for one invoice and one body only (amount, currency, payment method): a retry "
+        "under the same key sends the same request (SPEC §4).",
         """
         SELECT min(id) AS ref, 'key ' || quote_literal(idempotency_key) || ' used by '
-               || count(DISTINCT invoice_id) || ' invoices with ' || count(DISTINCT (amount, currency))
-               || ' amounts' AS detail
+               || count(DISTINCT invoice_id) || ' invoices with '
+               || count(DISTINCT (amount, currency, payment_method)) || ' bodies' AS detail
         FROM billing_paymentattempt
         WHERE idempotency_key <> ''
         GROUP BY idempotency_key
-        HAVING count(DISTINCT invoice_id) > 1 OR count(DISTINCT (amount, currency)) > 1
+        HAVING count(DISTINCT invoice_id) > 1 OR count(DISTINCT (amount, currency, payment_method)) > 1
         """,
     ),
     Check(
@@ -454,6 +485,18 @@ CHECKS: tuple[Check, ...] = (
         FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
         LEFT JOIN {_minimum_charge("m")} ON m.currency = i.currency
         WHERE NOT a.settled_without_charge AND i.amount_due < coalesce(m.amount, 1)
+        """,
+    ),
+    Check(
+        "payment_outcome_not_left_unknown",
+        "No charge stays in limbo: a payment attempt whose outcome is unknown (the call was sent, its answer "
+        "lost) is resolved, by retrieval or a same-key re-send, within the in-flight window plus one billing "
+        "tick (parameter unknown_after_s, default 5 × the gateway timeout + the billing interval).",
+        """
+        SELECT a.id AS ref, 'outcome unknown since ' || a.started_at || ' for invoice ' || a.invoice_id
+               || ' (' || i.status || ')' AS detail
+        FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
+        WHERE a.outcome = 'unknown' AND a.started_at < now() - make_interval(secs => %(unknown_after_s)s)
         """,
     ),
     # ---------------------------------------------------------------- credit ledger
@@ -613,6 +656,22 @@ CHECKS: tuple[Check, ...] = (
                || coalesce(nullif(c.currency, ''), 'no currency')
         FROM billing_ledgerentry e JOIN billing_customer c ON c.id = e.customer_id
         WHERE e.currency <> c.currency
+        """,
+    ),
+    Check(
+        "subscription_status_matches_invoices",
+        "A subscription's status agrees with what it owes: past_due ⇒ it has an open invoice; active or "
+        "trialing ⇒ none of its open invoices was declined (a decline makes it past_due, SPEC §4).",
+        """
+        SELECT s.id AS ref, 'past_due without an open invoice' AS detail
+        FROM billing_subscription s
+        WHERE s.status = 'past_due'
+          AND NOT EXISTS (SELECT 1 FROM billing_invoice i WHERE i.subscription_id = s.id AND i.status = 'open')
+        UNION ALL
+        SELECT s.id, s.status || ' with declined open invoice ' || i.id
+        FROM billing_subscription s JOIN billing_invoice i ON i.subscription_id = s.id
+        WHERE s.status IN ('active', 'trialing') AND i.status = 'open'
+          AND EXISTS (SELECT 1 FROM billing_paymentattempt a WHERE a.invoice_id = i.id AND a.outcome = 'declined')
         """,
     ),
     # ---------------------------------------------------------------- billing failure state (SPEC §4)
@@ -949,6 +1008,15 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
+def default_unknown_after_s() -> float:
+    """How long a payment outcome may stay unknown: the in-flight window (5 × the gateway timeout,
+    :func:`billing.services.payments.in_flight_window`) plus one billing interval, by which the
+    tick's reconciler has re-sent or retrieved it."""
+    return 5 * float(getattr(settings, "HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)) + float(
+        getattr(settings, "HARDCOUNT_BILLING_INTERVAL_S", 3600.0)
+    )
+
+
 def _time_prefix(epoch_ms: int) -> str:
     """The first 10 characters of an id minted at ``epoch_ms`` (see :mod:`hardcount.ids`): its time part."""
     alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -973,15 +1041,18 @@ def run_checks(
     names: list[str] | None = None,
     reaper_interval_s: float = 60.0,
     retention_days: float | None = None,
+    unknown_after_s: float | None = None,
     max_examples: int = 5,
     statement_timeout_s: float = 120.0,
 ) -> list[CheckResult]:
     """Run the checks (all, or those in ``names``) read-only and return one result per check, in order.
 
     Parameters available to the SQL: ``reaper_interval_s`` (seconds a delivery claim may stay
-    expired before the reaper must have re-queued it; default 60) and ``retention_prefix``
-    (the id time prefix of the oldest event whose deliveries are still kept: now minus
-    ``retention_days``, default ``settings.HARDCOUNT_OUTBOX_RETENTION_DAYS`` or 30).
+    expired before the reaper must have re-queued it; default 60), ``unknown_after_s``
+    (seconds a payment attempt may stay ``unknown``; default :func:`default_unknown_after_s`)
+    and ``retention_prefix`` (the id time prefix of the oldest event whose deliveries are
+    still kept: now minus ``retention_days``, default
+    ``settings.HARDCOUNT_OUTBOX_RETENTION_DAYS`` or 30).
 
     Runs in one transaction that is ``READ ONLY`` (and ``REPEATABLE READ`` when not nested in
     the caller's transaction) and always rolled back; a check that errors (e.g. the statement
@@ -992,6 +1063,8 @@ def run_checks(
     selected = [by_name[n] for n in names] if names else list(CHECKS)
     if retention_days is None:
         retention_days = float(getattr(settings, "HARDCOUNT_OUTBOX_RETENTION_DAYS", 30))
+    if unknown_after_s is None:
+        unknown_after_s = default_unknown_after_s()
     connection = connections[using]
     outermost = not connection.in_atomic_block
     if outermost:
@@ -1008,6 +1081,7 @@ def run_checks(
             now_ms = cursor.fetchone()[0]
             params = {
                 "reaper_interval_s": float(reaper_interval_s),
+                "unknown_after_s": float(unknown_after_s),
                 "retention_prefix": _time_prefix(now_ms - int(retention_days * 86_400_000)),
                 "max_examples": int(max_examples),
             }

@@ -38,7 +38,7 @@ from hardcount import doctor
 from hardcount.models import Tenant
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt, Event, WebhookEndpoint
-from tests.doctor.world import build_world, id_at, wipe
+from tests.doctor.world import Book, build_world, id_at, wipe
 
 
 @pytest.fixture(scope="module")
@@ -183,20 +183,63 @@ def test_lost_period_gap_is_found(world, db):
     for n, inv in enumerate(Invoice.objects.filter(tenant_id=world.acme).exclude(number=None).order_by("number"), 1):
         Invoice.objects.filter(pk=inv.pk).update(number=f"ACME-{n:06d}")
     InvoiceCounter.objects.filter(tenant_id=world.acme).update(last_number=6)
+    Subscription.objects.filter(pk=world.sub).update(status=Subscription.ACTIVE)  # no decline left
     found = assert_only({"subscription_periods_contiguous": [world.sub]})
     assert "leaves a gap" in found["subscription_periods_contiguous"].examples[0]
 
 
-def test_next_billing_at_behind_the_last_period_is_found(world, db):
+def test_next_billing_at_behind_a_paid_period_is_found(world, db):
+    # Period 2 (Mar 31) was paid, yet the subscription is due for it again: it would be billed twice.
     sub = Subscription.objects.get(pk=world.sub)
-    Subscription.objects.filter(pk=sub.pk).update(next_billing_at=sub.next_billing_at - timedelta(days=30))
-    assert_only({"subscription_next_billing_at_last_period_end": [world.sub]})
+    Subscription.objects.filter(pk=sub.pk).update(
+        next_billing_at=sub.next_billing_at - timedelta(days=30), periods_billed=2
+    )
+    found = assert_only({"subscription_next_billing_at_last_period_end": [world.sub]})
+    assert (
+        "which was closed (paid, declined or taxed)"
+        in found["subscription_next_billing_at_last_period_end"].examples[0]
+    )
 
 
 def test_next_billing_at_past_the_last_period_is_found(world, db):
+    # Period 2 (May 1) was skipped without an invoice: a lost period.
     sub = Subscription.objects.get(pk=world.yen_sub)
-    Subscription.objects.filter(pk=sub.pk).update(next_billing_at=sub.next_billing_at + timedelta(days=31))
+    Subscription.objects.filter(pk=sub.pk).update(
+        next_billing_at=sub.next_billing_at + timedelta(days=31), periods_billed=3
+    )
     assert_only({"subscription_next_billing_at_last_period_end": [world.yen_sub]})
+
+
+def failed_close_of_the_next_period(world, outcome: str) -> Invoice:
+    """Period 3 of the world's subscription materialised and charged with ``outcome``, its period not advanced."""
+    book = Book(Tenant.objects.get(pk=world.acme), False, "ACME")
+    sub = Subscription.objects.select_related("price", "customer").get(pk=world.sub)
+    inv = book.invoice(sub, 3, tax_bps=1000)
+    Subscription.objects.filter(pk=sub.pk).update(next_billing_at=inv.period_start, periods_billed=3)
+    book.attempt(inv, outcome)
+    return inv
+
+
+def test_failed_close_leaves_its_period_due_without_a_violation(world, db):
+    failed_close_of_the_next_period(world, PaymentAttempt.ERROR)
+    assert failing() == {}
+
+
+def test_declined_close_that_did_not_advance_the_period_is_found(world, db):
+    failed_close_of_the_next_period(world, PaymentAttempt.DECLINED)
+    DunningRun.objects.create(
+        tenant_id=world.acme,
+        livemode=False,
+        invoice_id=Invoice.objects.latest("period_start").id,
+        first_declined_at=timezone.now(),
+    )
+    assert_only({"subscription_next_billing_at_last_period_end": [world.sub]})
+
+
+def test_periods_billed_out_of_step_with_next_billing_at_is_found(world, db):
+    Subscription.objects.filter(pk=world.yen_sub).update(periods_billed=1)
+    found = assert_only({"subscription_next_billing_on_cycle": [world.yen_sub]})
+    assert "but period 1 starts 2026-04-01" in found["subscription_next_billing_on_cycle"].examples[0]
 
 
 def test_period_drifting_off_the_anchor_is_found(world, db):
@@ -380,7 +423,7 @@ def test_idempotency_key_reused_with_another_amount_is_found(world, db):
     PaymentAttempt.objects.filter(pk=second.pk).update(idempotency_key=first.idempotency_key, amount=2100)
     found = failing()
     assert found["idempotency_key_one_body"].violations == 1
-    assert "used by 1 invoices with 2 amounts" in found["idempotency_key_one_body"].examples[0]
+    assert "used by 1 invoices with 2 bodies" in found["idempotency_key_one_body"].examples[0]
 
 
 def test_chargeable_amount_settled_without_a_call_is_found(world, db):
@@ -397,6 +440,16 @@ def test_below_minimum_amount_sent_to_the_gateway_is_found(world, db):
     Invoice.objects.filter(pk=world.below_minimum).update(payment_intent_id="pi_small")
     found = assert_only({"settled_without_charge_only_below_minimum": [attempt.id]})
     assert "below the minimum 50" in found["settled_without_charge_only_below_minimum"].examples[0]
+
+
+def test_charge_left_unknown_is_found_after_the_window(world, db):
+    attempt = PaymentAttempt.objects.get(invoice_id=world.declined, attempt_number=2)
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(
+        outcome=PaymentAttempt.UNKNOWN, started_at=timezone.now() - timedelta(minutes=10)
+    )
+    assert failing(unknown_after_s=3600) == {}
+    found = assert_only({"payment_outcome_not_left_unknown": [attempt.id]}, unknown_after_s=300)
+    assert f"for invoice {world.declined} (open)" in found["payment_outcome_not_left_unknown"].examples[0]
 
 
 # ------------------------------------------------------------------ the credit ledger
@@ -468,6 +521,23 @@ def test_price_in_another_currency_than_its_customer_is_found(world, db):
     found = failing()
     assert set(found) == {"currency_consistent"}
     assert found["currency_consistent"].violations >= 4  # every usd invoice and subscription on the price
+
+
+def test_past_due_subscription_owing_nothing_is_found(world, db):
+    Subscription.objects.filter(pk=world.yen_sub).update(status=Subscription.PAST_DUE)
+    found = assert_only({"subscription_status_matches_invoices": [world.yen_sub]})
+    assert found["subscription_status_matches_invoices"].examples == [
+        world.yen_sub + ": past_due without an open invoice"
+    ]
+
+
+def test_active_subscription_with_a_declined_invoice_is_found(world, db):
+    Subscription.objects.filter(pk=world.sub).update(status=Subscription.ACTIVE)
+    found = assert_only({"subscription_status_matches_invoices": [world.sub]})
+    assert (
+        "active with declined open invoice " + world.declined
+        in found["subscription_status_matches_invoices"].examples[0]
+    )
 
 
 # ------------------------------------------------------------------ billing failure state

@@ -52,7 +52,7 @@ class Book:
 
     def __init__(self, tenant: Tenant, livemode: bool, prefix: str):
         self.tenant, self.livemode, self.prefix = tenant, livemode, prefix
-        self.counter = InvoiceCounter.objects.create(tenant=tenant, livemode=livemode, last_number=0)
+        self.counter, _ = InvoiceCounter.objects.get_or_create(tenant=tenant, livemode=livemode)
 
     def event(self, type_: str, data: dict, at: datetime | None = None):
         return emit_event(tenant_id=self.tenant.id, livemode=self.livemode, type=type_, data=data, created_at=at)
