@@ -1,13 +1,17 @@
 """Gunicorn settings for the web process (``gunicorn -c hardcount/gunicorn.conf.py``).
 
-Minimal version written for ``make run`` (helper E); helper C owns this file and extends it
-with the scheduler runtime's worker hooks. Everything is read from the environment:
+Everything is read from the environment:
 
 - ``HARDCOUNT_BIND`` (default ``127.0.0.1:<HARDCOUNT_PORT>``, port default 8000);
 - ``HARDCOUNT_WEB_WORKERS`` (default 2) worker processes, ``HARDCOUNT_WEB_THREADS`` (default 4)
   threads each;
 - ``HARDCOUNT_GRACEFUL_TIMEOUT_S`` (default 15): how long SIGTERM waits for in-flight work
-  (requests, a billing page) before workers are killed.
+  (requests, a billing page) before workers are killed;
+- ``HARDCOUNT_RUN_SCHEDULER=1``: every worker also runs the scheduler runtime (SPEC §3: a
+  single deployable). Each worker is then a replica of its own — its own holder id — and
+  the leases make sure each role runs in one of them at a time. The runtime starts after
+  the worker has loaded the application and stops (releasing its leases) when the worker
+  exits, so a rolling restart hands the roles over at once.
 """
 
 import os
@@ -21,3 +25,39 @@ graceful_timeout = int(os.environ.get("HARDCOUNT_GRACEFUL_TIMEOUT_S", "15"))
 timeout = 60
 accesslog = "-"
 errorlog = "-"
+
+
+def _scheduler_enabled() -> bool:
+    from django.conf import settings
+
+    return settings.HARDCOUNT_RUN_SCHEDULER
+
+
+def post_worker_init(worker):
+    """In each worker, once Django is set up: start the scheduler runtime if enabled."""
+    if _scheduler_enabled():
+        from hardcount.scheduler import start_process_runtime
+
+        start_process_runtime()
+
+
+def _stop_runtime():
+    from hardcount.scheduler import stop_process_runtime
+
+    # Within the graceful timeout: roles stop at their next safe point and release their leases.
+    stop_process_runtime(timeout_s=max(1.0, graceful_timeout - 2.0))
+
+
+def worker_int(worker):
+    """SIGINT/SIGQUIT to a worker: release the leases before it goes."""
+    _stop_runtime()
+
+
+def worker_abort(worker):
+    """SIGABRT (the worker timed out): best effort, release the leases."""
+    _stop_runtime()
+
+
+def worker_exit(server, worker):
+    """The worker is exiting (graceful stop or restart): stop the runtime, releasing its leases."""
+    _stop_runtime()

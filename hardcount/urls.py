@@ -9,6 +9,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.permissions import AllowAny
 
+from hardcount import health, metrics
+
 urlpatterns = [
     path(
         "v1/openapi.json",
@@ -18,6 +20,10 @@ urlpatterns = [
     path("v1/", include("billing.urls")),
     path("v1/", include("outbox.urls")),
     path("admin/", admin.site.urls),
+    path("health/live", health.live, name="health-live"),
+    path("health/ready", health.ready, name="health-ready"),
+    # Before django-prometheus's own /metrics: the same exporter plus the SPEC §8 collector.
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("", include("django_prometheus.urls")),
 ]
 

@@ -3,6 +3,7 @@
 import threading
 from collections.abc import Callable
 
+import pytest
 from django.db import connection, connections
 
 ROLE = "test-role"
@@ -103,3 +104,13 @@ def scratch_rows() -> list[tuple]:
 def write_scratch(token: int, note: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute("INSERT INTO lease_scratch (token, note) VALUES (%s, %s)", [token, note])
+
+
+@pytest.fixture
+def scratch_table(transactional_db):
+    """A table a fenced transaction writes to, dropped afterwards."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS lease_scratch (id serial PRIMARY KEY, token bigint, note text)")
+    yield "lease_scratch"
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS lease_scratch")

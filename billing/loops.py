@@ -1,0 +1,50 @@
+"""The ``billing`` role: the scheduler's billing tick (SPEC §3, §4).
+
+A tick, under the ``billing`` lease: drain live mode, then the test-mode pass, then the
+reconcilers of both modes (invoices whose tax is pending, payments whose outcome is
+unknown). The tick's fence guards every write of the drain; its liveness stamp is written
+after every page, so a drain longer than the interval never looks stale. A lost lease or a
+stop request ends the tick at the drain's next safe point (``fence.alive()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from hardcount.scheduler import TickContext
+
+MODES = ((True, "live"), (False, "test"))
+
+
+class BillingRole:
+    """Scheduler role ``billing``, every ``HARDCOUNT_BILLING_INTERVAL_S`` seconds (default 1 h)."""
+
+    name = "billing"
+
+    @property
+    def interval_s(self) -> float:
+        return settings.HARDCOUNT_BILLING_INTERVAL_S
+
+    def tick(self, ctx: TickContext) -> dict[str, Any]:
+        """Drain live, then test; then reconcile both modes. Returns counts per mode for the log line."""
+        from billing.services.drain import drain_due, reconcile  # until the drain lands
+
+        counts: dict[str, Any] = {}
+        for livemode, mode in MODES:
+            if not ctx.fence.alive():
+                return counts
+            run = drain_due(livemode=livemode, trigger="scheduler", fence=ctx.fence, on_page=ctx.stamp)
+            counts[f"{mode}_run"] = run.id
+            counts[f"{mode}_attempted"] = run.attempted
+            counts[f"{mode}_billed"] = run.billed
+            counts[f"{mode}_failed"] = run.failed
+        for livemode, mode in MODES:
+            if not ctx.fence.alive():
+                return counts
+            reconciled = reconcile(livemode=livemode, fence=ctx.fence) or {}
+            for key, value in reconciled.items():
+                counts[f"{mode}_reconcile_{key}"] = value
+        ctx.stamp()
+        return counts

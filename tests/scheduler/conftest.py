@@ -1,0 +1,3 @@
+"""Fixtures for scheduler tests."""
+
+from tests.leases.helpers import scratch_table  # noqa: F401 - a fixture

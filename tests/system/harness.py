@@ -1,0 +1,154 @@
+"""Real ``manage.py runscheduler`` processes against the test database, with their logfmt lines parsed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
+
+from hardcount.logfmt import parse_logfmt
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+def database_url() -> str:
+    """The test database as a DATABASE_URL a child process's settings parse (socket dir in ``host``)."""
+    s = connection.settings_dict
+    return f"postgresql://{s['USER']}@:{s['PORT']}/{s['NAME']}?host={s['HOST']}"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SchedulerProcess:
+    """One replica: ``python manage.py runscheduler`` with ``env`` on top of the test's environment."""
+
+    def __init__(self, name: str, env: dict[str, str], args: tuple[str, ...] = (), metrics: bool = False) -> None:
+        self.name = name
+        self.metrics_port = free_port() if metrics else None
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "PYTHONUNBUFFERED": "1",
+            "HARDCOUNT_LOG_LEVEL": "INFO",
+            "HARDCOUNT_SERVICES": "",
+            **env,
+        }
+        command = [sys.executable, "manage.py", "runscheduler", *args]
+        if self.metrics_port:
+            command += ["--metrics-port", str(self.metrics_port)]
+        self.process = subprocess.Popen(
+            command, cwd=BASE_DIR, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self.events: list[dict[str, str]] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.holder = self.wait_for("runtime_started", timeout_s=30)["holder"]
+
+    def _read(self) -> None:
+        for raw_line in self.process.stdout:
+            line = raw_line.rstrip("\n")
+            with self._changed:
+                self.lines.append(line)
+                if "event=" in line:
+                    fields = parse_logfmt(line[line.index("event=") :])
+                    fields["_t"] = time.monotonic()
+                    self.events.append(fields)
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def find(self, event: str, **fields: str) -> list[dict[str, str]]:
+        """Every logged ``event`` whose fields include ``fields`` (values compared as strings)."""
+        with self._changed:
+            return [
+                e for e in self.events if e["event"] == event and all(e.get(k) == str(v) for k, v in fields.items())
+            ]
+
+    def wait_for(self, event: str, timeout_s: float = 30, **fields: str) -> dict[str, str]:
+        """The first matching event, waiting for it up to ``timeout_s``; fails with the log otherwise."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                found = self.find(event, **fields)
+                if found:
+                    return found[0]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.process.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"{self.name}: no {event} {fields} within {timeout_s}s. Log:\n{self.log()}")
+                self._changed.wait(min(remaining, 0.5))
+
+    def log(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines[-80:])
+
+    def send(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def leadership(self) -> dict[str, float]:
+        """Role → ``hardcount_leader_is_leader`` as this replica's metrics port reports it now."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            sample.labels["role"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "hardcount_leader_is_leader"
+            for sample in family.samples
+        }
+
+    def stop(self, timeout_s: float = 15) -> int:
+        """SIGTERM (SIGCONT first, in case it is stopped) and wait; SIGKILL if it does not exit."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._reader.join(5)
+        return self.process.returncode
+
+
+def scratch_rows(role: str = "scratch") -> list[tuple]:
+    """(holder, token, page, written_at) of every scratch row of ``role``, in write order."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT holder, token, page, written_at FROM system_scratch WHERE role = %s ORDER BY id", [role])
+        return cursor.fetchall()
+
+
+def lease(role: str) -> dict | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT holder, token, expires_at > now() AS live, expires_at, acquired_at, last_stamp_at,"
+            " EXTRACT(EPOCH FROM now() - last_stamp_at)::float8 AS stamp_age_s, clock_timestamp()"
+            " FROM leases_leaderlease WHERE role = %s",
+            [role],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    keys = ("holder", "token", "live", "expires_at", "acquired_at", "last_stamp_at", "stamp_age_s", "db_now")
+    return dict(zip(keys, row, strict=True))
+
+
+def db_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
