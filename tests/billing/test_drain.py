@@ -265,3 +265,62 @@ def test_every_state_change_of_a_paid_close_writes_its_event(book, tenant):
     assert [e.data["next_billing_at"] for e in events("subscription.updated")] == [
         invoice.period_end.isoformat().replace("+00:00", "Z")
     ]
+
+
+class _ScriptedFence:
+    """A fence whose ``alive()`` turns False after ``alive_calls`` calls and whose ``check()``
+    raises LeaseLost from call number ``fail_check_at`` on."""
+
+    token = 42
+
+    def __init__(self, *, alive_calls=10_000, fail_check_at=10_000):
+        self.alive_calls, self.fail_check_at, self.checks = alive_calls, fail_check_at, 0
+
+    def alive(self):
+        self.alive_calls -= 1
+        return self.alive_calls >= 0
+
+    def check(self):
+        from leases.fencing import LeaseLost
+
+        self.checks += 1
+        if self.checks >= self.fail_check_at:
+            raise LeaseLost("deposed (test)")
+
+
+def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant):
+    from leases.fencing import LeaseLost
+
+    for _ in range(6):
+        book.subscribed(tenant)
+    pages = []
+    # alive() before page 1, before its 2 subscriptions, then False before page 2.
+    fence = _ScriptedFence(alive_calls=3)
+
+    with pytest.raises(LeaseLost):
+        drain_due(livemode=False, trigger="scheduler", page_size=2, concurrency=1, fence=fence, on_page=pages.append)
+
+    run = BillingRun.objects.get()
+    assert (run.status, run.pages, run.billed, run.lease_token) == ("running", 1, 2, 42)
+    assert Invoice.objects.count() == 2
+    assert [p.pages for p in pages] == [1]
+
+
+def test_a_deposed_drain_writes_nothing_after_the_charge_and_the_successor_resolves_it(book, tenant, stripe_proxy):
+    from leases.fencing import LeaseLost
+    from tests.billing.conftest import age_payment_attempts
+
+    sub = book.subscribed(tenant)
+    # check(): 1 start run, 2 claim, 3 the close's first step, 4 its record -> refused.
+    with pytest.raises(LeaseLost):
+        drain_due(livemode=False, trigger="scheduler", concurrency=1, fence=_ScriptedFence(fail_check_at=4))
+    invoice = Invoice.objects.get(subscription=sub)
+    assert (invoice.status, PaymentAttempt.objects.get(invoice=invoice).outcome) == ("open", "unknown")
+    age_payment_attempts()
+
+    successor = drain_due(livemode=False, trigger="scheduler", concurrency=1)
+
+    invoice.refresh_from_db()
+    assert (successor.billed, invoice.status) == (1, "paid")
+    assert len(stripe_proxy.entries("POST /v1/payment_intents", "forwarded")) == 1
+    assert BillingRun.objects.exclude(pk=successor.pk).get().status == "abandoned"
