@@ -562,18 +562,18 @@ class Executor:
         cfg = self.config
         closed_circuit = False
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                row = await (await conn.execute(sql, {"id": c.id, "claim": c.claim, **params})).fetchone()
-                if row is None:
-                    raise _ClaimLost
+            # Pipelined: the statements go out together and their results come back together
+            # (one round trip); a claim found lost afterwards rolls all of them back.
+            async with self._pool.connection() as conn, conn.pipeline() as pipeline, conn.transaction():
+                finish = await conn.execute(sql, {"id": c.id, "claim": c.claim, **params})
                 if attempt is not None:
                     await conn.execute(queries.INSERT_ATTEMPT, attempt)
+                reset = None
                 if result is not None and result.status_code == 410:
                     reason = f"receiver answered 410 Gone to delivery {c.id}"
                     await conn.execute(queries.ENDPOINT_DISABLE, {"endpoint_id": c.endpoint_id, "reason": reason})
                 elif result is not None and result.outcome in (SUCCEEDED, FAILED):
                     reset = await conn.execute(queries.ENDPOINT_SUCCEEDED, {"endpoint_id": c.endpoint_id})
-                    closed_circuit = probe and reset.rowcount > 0
                 elif result is not None and result.outcome == RETRYABLE:
                     await conn.execute(
                         queries.ENDPOINT_FAILED,
@@ -584,6 +584,10 @@ class Executor:
                             "max_s": float(cfg.breaker_max_cooldown_s),
                         },
                     )
+                await pipeline.sync()
+                if await finish.fetchone() is None:
+                    raise _ClaimLost
+                closed_circuit = probe and reset is not None and reset.rowcount > 0
         except _ClaimLost:
             self.stats.counts["lease_lost"] += 1
             log.warning("outbox claim lost before the outcome was written: discarded delivery=%s", c.id)
