@@ -200,7 +200,7 @@ class Command(BaseCommand):
         return env
 
     def _register_webhook_endpoints(self, ctx: ServeContext, keys_path: Path) -> None:
-        """Point one webhook endpoint per mode (subscribed to ``*``) at the local receiver, through the API.
+        """Point a test-mode webhook endpoint (subscribed to ``*``) at the local receiver, through the API.
 
         Reuses the endpoint saved in ``demo-keys.json`` while it exists and its URL is the
         receiver's; otherwise creates one (and deletes the stale one). When the webhook
@@ -208,7 +208,8 @@ class Command(BaseCommand):
         """
         demo = ctx.demo
         saved = dict(demo.extra.get("webhook_endpoints") or {})
-        for mode, key in (("test", demo.test_key), ("live", demo.live_key)):
+        # Test mode only: live-mode endpoints must be https:// (outbox's rule), and the receiver is plain http.
+        for mode, key in (("test", demo.test_key),):
             old = saved.get(mode) or {}
             if (
                 old.get("url") == ctx.receiver.url
@@ -227,8 +228,6 @@ class Command(BaseCommand):
                 self.stdout.write(
                     f"(no {mode}-mode webhook endpoint: POST /v1/webhook_endpoints answered {status} {message})"
                 )
-                if status == 404:  # the API is not there at all: the other mode would fail alike
-                    break
                 continue
             if old.get("id"):
                 _api(ctx.base_url, key, "DELETE", f"/v1/webhook_endpoints/{old['id']}")
