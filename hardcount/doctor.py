@@ -1148,6 +1148,7 @@ OPTIONAL_CHECKS: tuple[Check, ...] = (GATEWAY_CHECK,)
 _DEVELOPMENT_STRIPE_KEY = "sk_test_hardcount_localstripe"
 # Metadata key under which billing.gateway records the invoice a PaymentIntent charges.
 _INVOICE_METADATA_KEY = "hardcount_invoice"
+_TENANT_METADATA_KEY = "hardcount_tenant"
 
 
 def gateway_configured() -> bool:
@@ -1254,14 +1255,24 @@ def _read_gateway_rows(using: str, limit: int | None) -> list[tuple]:
 
 
 def _gateway_listing_violations(using: str, client, limit: int | None) -> list[str]:
-    """Succeeded PaymentIntents at the gateway, grouped by the invoice in their metadata."""
+    """Succeeded PaymentIntents at the gateway, grouped by the invoice in their metadata.
+
+    Only PaymentIntents of tenants this database holds count (their metadata names the
+    tenant): a gateway account shared with another deployment or test database is not ours
+    to judge.
+    """
+    tenants = {row[0] for row in _read_only_rows(using, "SELECT id FROM hardcount_tenant", [])}
     succeeded: dict[str, list[str]] = {}
     seen = 0
     for intent in client.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter():
         seen += 1
         if limit is not None and seen > limit:
             break
-        invoice_id = (intent.metadata or {}).get(_INVOICE_METADATA_KEY)
+        metadata = intent.metadata.to_dict() if intent.metadata else {}
+        invoice_id = metadata.get(_INVOICE_METADATA_KEY)
+        tenant_id = metadata.get(_TENANT_METADATA_KEY)
+        if tenant_id and tenant_id not in tenants:
+            continue
         if invoice_id and intent.status == "succeeded":
             succeeded.setdefault(invoice_id, []).append(intent.id)
     if not succeeded:
