@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from billing.services.drain import drain_due, reconcile
 from hardcount.scheduler import TickContext
 
 MODES = ((True, "live"), (False, "test"))
@@ -29,8 +30,6 @@ class BillingRole:
 
     def tick(self, ctx: TickContext) -> dict[str, Any]:
         """Drain live, then test; then reconcile both modes. Returns counts per mode for the log line."""
-        from billing.services.drain import drain_due, reconcile  # until the drain lands
-
         counts: dict[str, Any] = {}
         for livemode, mode in MODES:
             if not ctx.fence.alive():

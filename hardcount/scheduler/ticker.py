@@ -141,8 +141,15 @@ class Ticker:
         try:
             counts = self.role.tick(ctx) or {}
         except LeaseLost as exc:
+            duration_s = self._clock() - started
+            if lease.stop_requested and not lease.lost:
+                # The role stopped at a safe point because we asked it to: the lease is still ours to release.
+                logger.info(logfmt("tick_interrupted", role=name, token=lease.token, duration_s=duration_s))
+                return
             lease.mark_lost()
-            logger.warning(logfmt("lease_lost", role=name, token=lease.token, reason="fence_refused", detail=str(exc)))
+            logger.warning(
+                logfmt("lease_lost", role=name, token=lease.token, reason="fence_refused", detail=str(exc)[:200])
+            )
             return
         except Exception:
             logger.exception(logfmt("tick_failed", role=name, token=lease.token, duration_s=self._clock() - started))
