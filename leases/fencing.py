@@ -11,6 +11,10 @@ the check fail: so no write of a deposed leader can commit after its successor t
 Between transactions, ``fence.alive()`` is the cheap, database-free safe-point test: it
 turns False once the last successful heartbeat is older than the abandon threshold (6 s)
 on the holder's own monotonic clock.
+
+The takeover's ``FOR UPDATE`` is explicit: an upsert alone would take only ``FOR NO KEY
+UPDATE`` and not wait (docs/decisions/0020). The real fence is
+:class:`leases.services.LeaseFence`; the statements are in :mod:`leases.queries`.
 """
 
 from __future__ import annotations
