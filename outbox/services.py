@@ -83,6 +83,9 @@ def emit_event(
 
 
 MAX_ENABLED_EVENTS = 100
+# 422 codes for rules a JSON schema cannot state exactly (what makes a URL valid; https in
+# live mode): schema-valid input may still be refused with these.
+BUSINESS_RULE_CODES = frozenset({"url_invalid", "url_insecure"})
 MAX_URL_LENGTH = 2000
 
 
@@ -121,11 +124,13 @@ def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url") -> st
     Raises :class:`~hardcount.errors.InvalidRequestError` (422).
     """
     if len(url) > MAX_URL_LENGTH:
-        raise InvalidRequestError(f"url is longer than {MAX_URL_LENGTH} characters.", param=param)
+        raise InvalidRequestError(f"url is longer than {MAX_URL_LENGTH} characters.", code="url_invalid", param=param)
     try:
         URLValidator(schemes=["http", "https"])(url)
     except ValidationError:
-        raise InvalidRequestError("url must be an absolute http:// or https:// URL.", param=param) from None
+        raise InvalidRequestError(
+            "url must be an absolute http:// or https:// URL.", code="url_invalid", param=param
+        ) from None
     if livemode and not url.lower().startswith("https://"):
         raise InvalidRequestError("Live-mode webhook endpoints must use https://.", code="url_insecure", param=param)
     return url
@@ -253,6 +258,7 @@ def due_backlog() -> int:
 
 
 __all__ = [
+    "BUSINESS_RULE_CODES",
     "EVENT_TYPES",
     "create_webhook_endpoint",
     "delete_webhook_endpoint",
