@@ -164,23 +164,30 @@ def payment_attempt_data(attempt) -> dict[str, Any]:
     }
 
 
-def billing_run_data(run) -> dict[str, Any]:
-    """One drain: trigger, scope, status and counts."""
+def billing_run_data(run, tenant_counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """One drain: trigger, scope, status and counts.
+
+    A scheduler run covers every tenant (``scope`` ``all_tenants``): shown to one tenant, it
+    carries that tenant's ``tenant_counts`` (``attempted``, ``billed``, ``failed``) and no page
+    count, so no tenant learns another's volume.
+    """
+    shared = run.tenant_id is None
+    counts = tenant_counts if shared and tenant_counts is not None else run.__dict__
     return {
         "id": run.id,
         "object": "billing_run",
         "livemode": run.livemode,
         "trigger": run.trigger,
-        "tenant": run.tenant_id,
+        "scope": "all_tenants" if shared else "tenant",
         "test_clock": run.test_clock_id,
         "status": run.status,
         "as_of": iso(run.as_of),
         "started_at": iso(run.started_at),
         "finished_at": iso(run.finished_at),
-        "pages": run.pages,
-        "attempted": run.attempted,
-        "billed": run.billed,
-        "failed": run.failed,
+        "pages": None if shared and tenant_counts is not None else run.pages,
+        "attempted": counts["attempted"],
+        "billed": counts["billed"],
+        "failed": counts["failed"],
         "error": run.error or None,
     }
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import catalog
+from billing.api import catalog, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -14,4 +14,18 @@ urlpatterns = [
     path("subscriptions/<str:id>/cancel", catalog.SubscriptionCancelView.as_view(), name="subscription-cancel"),
     path("invoices", catalog.InvoiceListView.as_view(), name="invoices"),
     path("invoices/<str:id>", catalog.InvoiceDetailView.as_view(), name="invoice"),
+    # Billing runs, retry-billing, payments and credit (billing/api/runs.py, billing/api/payments.py).
+    path("billing/run", runs.BillingRunCreateView.as_view(), name="billing-run"),
+    path("billing/runs", runs.BillingRunListView.as_view(), name="billing-runs"),
+    path("billing/runs/<str:id>", runs.BillingRunDetailView.as_view(), name="billing-run-detail"),
+    path("subscriptions/<str:id>/retry-billing", runs.SubscriptionRetryBillingView.as_view(), name="retry-billing"),
+    path(
+        "subscriptions/<str:id>/billing_attempts",
+        runs.SubscriptionBillingAttemptsView.as_view(),
+        name="subscription-billing-attempts",
+    ),
+    path("invoices/<str:id>/pay", payments.InvoicePayView.as_view(), name="invoice-pay"),
+    path("invoices/<str:id>/void", payments.InvoiceVoidView.as_view(), name="invoice-void"),
+    path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
+    path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
 ]

@@ -1,0 +1,110 @@
+"""Paying and voiding invoices, their payment attempts, and customer credit over HTTP."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+
+from billing.api import schemas as s
+from billing.models import Customer, Invoice, LedgerEntry, PaymentAttempt
+from billing.representations import invoice_data, ledger_entry_data, payment_attempt_data
+from billing.serializers import Invoice as InvoiceOut
+from billing.services.invoices import pay_invoice, void_invoice
+from billing.services.ledger import grant_credit
+from hardcount.api import ApiView, id_path_parameter, list_of
+
+
+class InvoicePayView(ApiView):
+    @extend_schema(
+        operation_id="invoices_pay",
+        summary="Charge an open invoice now",
+        description="Charges `amount_due` to the customer's current default payment method (a new attempt with "
+        "its own idempotency key at the gateway). Answers the invoice: `paid`, or still `open` after a decline "
+        "(see its payment attempts). 409 when the invoice is not open or a payment of it is in flight.",
+        tags=["invoices"],
+        request=s.Empty,
+        parameters=[id_path_parameter("invoice")],
+        responses={200: InvoiceOut},
+    )
+    def post(self, request, id):
+        self.read_body(s.Empty)
+        invoice = self.get_scoped(Invoice, id, kind="invoice")
+        invoice, _attempt, _outcome = pay_invoice(invoice.pk, tenant_id=self.tenant.pk, livemode=self.livemode)
+        return Response(invoice_data(invoice))
+
+
+class InvoiceVoidView(ApiView):
+    @extend_schema(
+        operation_id="invoices_void",
+        summary="Void a draft or open invoice",
+        description="The balance applied to it returns to the customer and its dunning stops. The period is not "
+        "advanced: a subscription still on that period is invoiced afresh by the next drain. 409 when the "
+        "invoice is paid, void or uncollectible, or a payment's outcome is still unknown.",
+        tags=["invoices"],
+        request=s.Empty,
+        parameters=[id_path_parameter("invoice")],
+        responses={200: InvoiceOut},
+    )
+    def post(self, request, id):
+        self.read_body(s.Empty)
+        invoice = self.get_scoped(Invoice, id, kind="invoice")
+        invoice = void_invoice(invoice.pk, tenant_id=self.tenant.pk, livemode=self.livemode)
+        return Response(invoice_data(invoice))
+
+
+class InvoicePaymentAttemptsView(ApiView):
+    get_query = s.PaymentAttemptListQuery
+
+    @extend_schema(
+        operation_id="invoices_payment_attempts",
+        summary="List an invoice's payment attempts, newest first",
+        tags=["invoices"],
+        parameters=[id_path_parameter("invoice")],
+        responses=list_of(s.PaymentAttempt, "PaymentAttemptList"),
+    )
+    def get(self, request, id):
+        query = self.read_query()
+        invoice = self.get_scoped(Invoice, id, kind="invoice")
+        attempts = PaymentAttempt.objects.filter(invoice=invoice)
+        return self.paginate(attempts, payment_attempt_data, query, kind="payment_attempt", cursor_scope=attempts)
+
+
+class CustomerCreditsView(ApiView):
+    get_query = s.LedgerListQuery
+
+    @extend_schema(
+        operation_id="customers_credits_create",
+        summary="Grant credit to (or debit) a customer's balance",
+        description="Appends a ledger entry. Credit is applied to the customer's next finalised invoices, after "
+        "tax; an invoice already finalised keeps its amount.",
+        tags=["customers"],
+        request=s.CreditCreate,
+        parameters=[id_path_parameter("customer")],
+        responses={201: s.LedgerEntry},
+    )
+    def post(self, request, id):
+        data = self.read_body(s.CreditCreate)
+        customer = self.get_scoped(Customer, id, kind="customer")
+        entry = grant_credit(
+            customer.pk,
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            amount=data["amount"],
+            currency=data.get("currency"),
+            description=data["description"],
+        )
+        return Response(ledger_entry_data(entry), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="customers_credits_list",
+        summary="List a customer's credit ledger, newest first",
+        tags=["customers"],
+        parameters=[id_path_parameter("customer")],
+        responses=list_of(s.LedgerEntry, "LedgerEntryList"),
+    )
+    def get(self, request, id):
+        query = self.read_query()
+        customer = self.get_scoped(Customer, id, kind="customer")
+        entries = LedgerEntry.objects.filter(customer=customer)
+        return self.paginate(entries, ledger_entry_data, query, kind="ledger_entry", cursor_scope=entries)
