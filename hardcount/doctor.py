@@ -1032,6 +1032,8 @@ def _open_read_only(cursor, *, outermost: bool, statement_timeout_s: float) -> N
         # Inside a caller's transaction (tests): READ ONLY may still be set, the isolation may not.
         cursor.execute("SET TRANSACTION READ ONLY")
     cursor.execute("SET LOCAL TIME ZONE 'UTC'")
+    # The checks are hash joins and aggregates over whole tables: let them stay in memory.
+    cursor.execute("SET LOCAL work_mem = '64MB'")
     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{int(statement_timeout_s * 1000)}ms"])
 
 
