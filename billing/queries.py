@@ -81,6 +81,24 @@ def claim_due_page(
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
+def still_due(subscription_ids: list[str], *, as_of: datetime | None) -> list[str]:
+    """STILL_DUE: which of ``subscription_ids`` are due again right after their close.
+
+    A subscription several periods behind is due again once one period is billed; a failed
+    one whose failure was not saved is still due. The drain puts these (and only these) in its
+    exclude list, which keeps the list, sent with every claim, as short as SPEC §4 allows.
+    """
+    if not subscription_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM billing_subscription WHERE id = ANY(%s::text[])"
+            " AND next_billing_at <= COALESCE(%s::timestamptz, now())",
+            [subscription_ids, as_of],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def lock_due_subscription(
     subscription_id: str,
     *,

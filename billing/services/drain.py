@@ -4,10 +4,11 @@
 ``page_size`` is a page size, never a cap. Each page is claimed with ``FOR UPDATE SKIP
 LOCKED`` (:func:`billing.queries.claim_due_page`), then its closes run in parallel on up to
 ``concurrency`` threads, each with its own database connection
-(``HARDCOUNT_BILLING_CONCURRENCY``, default 8). Every attempted subscription joins the run's
-exclude list, so each is attempted at most once per run and a failing one never leads every
-page. There is no circuit breaker: a run never stops after N failures; a database error in
-the drain's own statements ends it. Why parallel closes keep exactly-once:
+(``HARDCOUNT_BILLING_CONCURRENCY``, default 8). An attempted subscription still due after its
+attempt (a failure not saved, one skipped, one several periods behind) joins the run's exclude
+list, so each is attempted at most once per run and a failing one never leads every page.
+There is no circuit breaker: a run never stops after N failures; a database error in the
+drain's own statements ends it. Why parallel closes keep exactly-once:
 docs/decisions/0010-drain-claims-and-parallel-closes.md.
 """
 
@@ -24,7 +25,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F, Q
 
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
-from billing.queries import claim_due_page, database_now
+from billing.queries import claim_due_page, database_now, still_due
 from billing.representations import billing_run_data
 from billing.services.close import close_subscription_period, finalize_or_pend_locked
 from billing.services.ledger import lock_customer
@@ -95,7 +96,11 @@ def drain_due(
     run = _start_run(
         livemode=livemode, trigger=trigger, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
     )
+    # SQL exclude list: attempted subscriptions still due after their attempt (SPEC §4). Every
+    # attempted id is also remembered here, so one that becomes due again later in the run (its
+    # next period starts meanwhile) is excluded when a claim returns it, not closed twice.
     exclude: list[str] = []
+    attempted: set[str] = set()
 
     def close(item: tuple[str, int]) -> Outcome:
         if not fence.alive():
@@ -132,7 +137,13 @@ def drain_due(
                 return run
             if not page:
                 break
-            exclude.extend(subscription_id for subscription_id, _ in page)
+            again = [subscription_id for subscription_id, _ in page if subscription_id in attempted]
+            if again:
+                exclude.extend(again)
+                page = [item for item in page if item[0] not in attempted]
+                if not page:
+                    continue
+            attempted.update(subscription_id for subscription_id, _ in page)
             run.pages += 1
             lease_lost = None
             for result in pool.map(close, page):
@@ -148,6 +159,13 @@ def drain_due(
                     run.failed += 1
             if lease_lost is not None:
                 raise LeaseLost("billing lease lost during a page") from lease_lost
+            try:
+                with transaction.atomic():
+                    exclude.extend(still_due([subscription_id for subscription_id, _ in page], as_of=as_of))
+            except DatabaseError as exc:
+                log.error("billing drain %s ended by a database error: %s", run.id, exc)
+                _finish_run(run, BillingRun.FAILED, fence, error=f"database: {exc}")
+                return run
             _save_counts(run, fence)
             if on_page is not None:
                 on_page(run)

@@ -324,3 +324,24 @@ def test_a_deposed_drain_writes_nothing_after_the_charge_and_the_successor_resol
     assert (successor.billed, invoice.status) == (1, "paid")
     assert len(stripe_proxy.entries("POST /v1/payment_intents", "forwarded")) == 1
     assert BillingRun.objects.exclude(pk=successor.pk).get().status == "abandoned"
+
+
+def test_a_subscription_several_periods_behind_is_billed_one_period_per_run(book, tenant):
+    anchor = database_now() - timedelta(days=2, hours=1)  # periods 0, 1 and 2 have begun
+    sub = book.subscribed(tenant, interval="day", anchor=anchor)
+
+    runs = [_drain(tenant, page_size=1) for _ in range(4)]
+
+    assert [(r.attempted, r.billed) for r in runs] == [(1, 1), (1, 1), (1, 1), (0, 0)]
+    starts = sorted(Invoice.objects.filter(subscription=sub).values_list("period_start", flat=True))
+    assert starts == [anchor, anchor + timedelta(days=1), anchor + timedelta(days=2)]
+
+
+def test_a_trial_ends_with_the_first_invoice_and_the_subscription_becomes_active(book, tenant):
+    sub = book.subscribed(tenant, status="trialing")
+
+    _drain(tenant)
+
+    sub.refresh_from_db()
+    assert sub.status == "active"
+    assert Invoice.objects.get(subscription=sub).period_start == sub.billing_cycle_anchor
