@@ -594,7 +594,9 @@ class Executor:
             return False
         except Exception as exc:
             log.exception("outbox terminal write failed delivery=%s claim=%s", c.id, c.claim)
-            await self._force_failed(c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000])
+            await self._force_failed(
+                c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000], sent=attempt is not None
+            )
             return False
         if attempt is not None:
             DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
@@ -603,14 +605,36 @@ class Executor:
             self.stats.counts["failed_without_attempt"] += 1
         return closed_circuit
 
-    async def _force_failed(self, c: _Claim, error: str) -> None:
+    async def _force_failed(self, c: _Claim, error: str, *, sent: bool) -> None:
+        """The minimal write to ``failed``; then, best effort, the evidence row of the attempt made."""
         try:
             async with self._pool.connection() as conn:
-                await conn.execute(queries.FORCE_FAILED, {"id": c.id, "claim": c.claim, "error": error})
+                cur = await conn.execute(queries.FORCE_FAILED, {"id": c.id, "claim": c.claim, "error": error})
+                if cur.rowcount == 0:
+                    return  # no longer ours: whoever holds it now records what happens
             self.stats.counts["forced_failed"] += 1
         except Exception:
             # The lease will expire; the reaper re-queues the row (delivered at least once).
             log.exception("outbox minimal failed write also failed delivery=%s", c.id)
+            return
+        if not sent:
+            return
+        evidence = {
+            "attempt_id": new_id("wha"),
+            "delivery_id": c.id,
+            "number": c.attempts,
+            "outcome": FAILED,
+            "status_code": None,
+            "latency_ms": None,
+            "error": f"the attempt's outcome could not be recorded ({error})"[:1000],
+            "response_excerpt": "",
+            "executor": self.executor_id,
+        }
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(queries.INSERT_ATTEMPT, evidence)
+        except Exception:
+            log.warning("outbox could not record the failed attempt either delivery=%s", c.id, exc_info=True)
 
     async def _write_or_discard(self, c: _Claim, sql: str, params: dict[str, Any]) -> bool:
         async with self._pool.connection() as conn:

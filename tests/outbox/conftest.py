@@ -182,3 +182,22 @@ def emit(tenant, type_: str = "customer.created", *, livemode: bool = False, dat
 
     with transaction.atomic():
         return emit_event(tenant_id=tenant.id, livemode=livemode, type=type_, data=data or {"id": "cus_test"})
+
+
+OUTBOX_CHECKS = [
+    "event_has_its_deliveries",
+    "delivery_at_most_eight_attempts",
+    "delivery_attempt_numbers_contiguous",
+    "delivery_succeeded_by_one_executor",
+    "delivery_status_matches_attempts",
+    "delivery_claim_not_stale",
+]
+
+
+def assert_outbox_invariants() -> None:
+    """``manage.py doctor``'s outbox checks find nothing wrong."""
+    from hardcount.doctor import run_checks
+
+    results = run_checks(names=OUTBOX_CHECKS)
+    failing = {r.name: (r.status, r.examples, r.note) for r in results if r.status != "ok"}
+    assert failing == {}

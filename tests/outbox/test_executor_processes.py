@@ -22,9 +22,17 @@ from django.db.models.functions import Now
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.signing import verify
 
-from .conftest import Answer, emit, make_endpoint, wait_until
+from .conftest import Answer, assert_outbox_invariants, emit, make_endpoint, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.system]
+
+
+@pytest.fixture(autouse=True)
+def outbox_invariants_hold_afterwards(request, transactional_db):
+    """After each test (executors stopped), the doctor's outbox checks pass."""
+    yield
+    assert_outbox_invariants()
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
