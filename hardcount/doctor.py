@@ -306,7 +306,8 @@ CHECKS: tuple[Check, ...] = (
         "invoice_status_fields",
         "An invoice's fields agree with its status: finalised invoices (open, paid, uncollectible) carry a number "
         "and finalized_at, drafts no number; paid ⇔ paid_at; void ⇒ voided_at; uncollectible ⇒ "
-        "marked_uncollectible_at; a pending tax keeps the invoice a draft.",
+        "marked_uncollectible_at; a pending tax keeps the invoice a draft; no tax is charged while it is pending "
+        "or not applicable.",
         """
         SELECT id AS ref, status || ' invoice without ' ||
                CASE WHEN number IS NULL THEN 'a number' ELSE 'finalized_at' END AS detail
@@ -327,6 +328,10 @@ CHECKS: tuple[Check, ...] = (
         UNION ALL
         SELECT id, status || ' invoice with tax_status pending' FROM billing_invoice
         WHERE tax_status = 'pending' AND status NOT IN ('draft', 'void')
+        UNION ALL
+        SELECT id, 'tax ' || tax || ' at ' || tax_rate_bps || ' bps with tax_status ' || tax_status FROM billing_invoice
+        WHERE (tax_status IN ('not_applicable', 'pending') AND tax <> 0)
+           OR (tax_status = 'not_applicable' AND tax_rate_bps <> 0)
         """,
     ),
     Check(

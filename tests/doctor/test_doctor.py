@@ -305,7 +305,9 @@ def test_negative_amount_due_is_found_without_the_check_constraint(world, db):
 def test_negative_line_amount_is_found(world, db):
     line = InvoiceLineItem.objects.get(invoice_id=world.zero)
     InvoiceLineItem.objects.filter(pk=line.pk).update(amount=-100)
-    Invoice.objects.filter(pk=world.zero).update(subtotal=-100, tax=100, total=0)
+    Invoice.objects.filter(pk=world.zero).update(
+        subtotal=-100, tax=100, total=0, tax_status=Invoice.TAX_CALCULATED, tax_rate_bps=1000
+    )
     assert_only(
         {
             "money_amounts_nonnegative": [line.id, world.zero],  # the line, and the invoice's subtotal
@@ -332,7 +334,18 @@ def test_finalised_invoice_without_number_is_found(world, db):
 
 def test_pending_tax_on_an_open_invoice_is_found(world, db):
     Invoice.objects.filter(pk=world.declined).update(tax_status=Invoice.TAX_PENDING)
-    assert_only({"invoice_status_fields": [world.declined]})
+    found = assert_only({"invoice_status_fields": [world.declined, world.declined]})
+    assert sorted(found["invoice_status_fields"].examples) == [
+        f"{world.declined}: open invoice with tax_status pending",
+        f"{world.declined}: tax 200 at 1000 bps with tax_status pending",
+    ]
+
+
+def test_tax_charged_while_not_applicable_is_found(world, db):
+    Invoice.objects.filter(pk=world.live_paid).update(tax=100, total=12100, amount_due=12100, amount_paid=12100)
+    PaymentAttempt.objects.filter(invoice_id=world.live_paid).update(amount=12100)
+    found = assert_only({"invoice_status_fields": [world.live_paid]})
+    assert "tax 100 at 0 bps with tax_status not_applicable" in found["invoice_status_fields"].examples[0]
 
 
 def test_gap_in_invoice_numbers_is_found(world, db):

@@ -9,6 +9,7 @@ Prints a table of checks (name, status, violations, a few example ids) and exits
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -73,6 +74,9 @@ class Command(BaseCommand):
             max_examples=options["examples"],
         )
         if options["gateway"]:
+            # One INFO line per gateway request would drown the report.
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+            logging.getLogger("stripe").setLevel(logging.WARNING)
             results.append(
                 doctor.check_gateway(
                     using=options["database"], limit=options["gateway_limit"], max_examples=options["examples"]
