@@ -4,8 +4,8 @@
 writes ``SCRATCH_PAGES`` rows ("pages") to the ``system_scratch`` table, one fenced
 transaction per page, stamping liveness after each and spending ``SCRATCH_PAGE_S`` seconds
 on each page's "work". ``SCRATCH_INTERVAL_S`` is the interval. With ``SCRATCH_FENCE=raw``
-the role skips the safe-point test (``fence.alive()``) and checks only the database half of
-the fence, as a holder whose own abandon logic failed would: then a refused write shows
+the role skips the safe-point test (``fence.alive()``; it still honours a stop request) and
+checks only the database half of the fence, as a holder whose own abandon logic failed would: then a refused write shows
 PostgreSQL itself turning the deposed token away (logged as ``scratch_write_refused``).
 """
 
@@ -51,7 +51,7 @@ class ScratchRole:
         raw = os.environ.get("SCRATCH_FENCE") == "raw"
         written = 0
         for page in range(pages):
-            if not raw and not ctx.fence.alive():
+            if ctx.fence.stop_requested if raw else not ctx.fence.alive():
                 break
             try:
                 with transaction.atomic():
