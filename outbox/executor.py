@@ -325,7 +325,10 @@ class Executor:
             self._client = client
             helpers = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._reap_loop())]
             if cfg.listen:
+                self._listening = asyncio.Event()
                 helpers.append(asyncio.create_task(self._listen_loop()))
+                # Ready once LISTEN is in place, so a delivery committed after start() wakes us.
+                await self._wait(self._listening, 5.0)
             self._ready.set()
             try:
                 await self._dispatch_loop()
@@ -717,6 +720,8 @@ class Executor:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
                 async with conn:
                     await conn.execute("LISTEN outbox_delivery")
+                    self._listening.set()
+                    self._work_available.set()  # anything inserted while we were not listening
                     async for _ in conn.notifies():
                         self._work_available.set()
             except asyncio.CancelledError:

@@ -6,6 +6,7 @@ Time is moved by setting rows' timestamps (``fire_after``, ``claim_expires_at``,
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -304,3 +305,33 @@ def test_failed_probe_reopens_the_circuit_for_longer(tenant_t, receiver, make_ex
         remaining = float(cursor.fetchone()[0])
     assert 110 <= remaining <= 120  # 60 s doubled once
     assert len(receiver.received("/fail")) == 1
+
+
+def test_executor_never_claims_more_than_its_idle_workers(tenant_t, receiver, make_executor):
+    import threading
+
+    release = threading.Event()
+    receiver.behave("/hang", lambda r, n: Answer(hang=release))
+    make_endpoint(tenant_t, receiver.url("/hang"))
+    for _ in range(5):
+        emit(tenant_t)
+    try:
+        executor = make_executor(workers=2, timeout_s=10.0)
+        receiver.wait_for(2, "/hang")
+        # Both workers are busy: for ten poll intervals nothing more is claimed or sent.
+        for _ in range(10):
+            assert Delivery.objects.filter(claimed_by__isnull=False).count() == 2
+            assert len(receiver.received("/hang")) == 2
+            time.sleep(0.05)  # observing that nothing happens for one poll interval
+        assert executor.stats["claimed"] == 2
+    finally:
+        release.set()
+    wait_until(lambda: Delivery.objects.filter(status="succeeded").count() == 5, what="all five delivered")
+
+
+def test_inserted_deliveries_wake_an_idle_executor_without_waiting_for_the_poll(tenant_t, receiver, make_executor):
+    make_endpoint(tenant_t, receiver.url("/ok"))
+    make_executor(poll_interval_s=60.0)
+    emit(tenant_t)  # commits a delivery: the insert trigger NOTIFYs outbox_delivery
+    receiver.wait_for(1, "/ok", timeout_s=5)
+    wait_until(_settled, timeout_s=5, what="delivered long before the 60 s poll")
