@@ -57,3 +57,17 @@ def test_maintenance_tick_reaps_expired_leases_and_purges_old_deliveries(tenant_
     assert DeliveryAttempt.objects.get(delivery_id=stuck.id).number == 2
     assert not Delivery.objects.filter(id=old.id).exists()
     assert len(stamps) == 1
+
+
+def test_a_scheduler_runtime_runs_the_executor_in_its_replica(tenant_t, receiver):
+    from hardcount.scheduler import Runtime
+
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    runtime = Runtime(roles=[])  # services from settings: the outbox executor
+    assert [s.name for s in runtime.services] == ["outbox_executor"]
+    runtime.start()
+    try:
+        emit(tenant_t)
+        wait_until(lambda: Delivery.objects.filter(status="succeeded").exists(), what="delivered by the runtime")
+    finally:
+        assert runtime.stop(timeout_s=10)
