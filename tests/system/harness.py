@@ -35,9 +35,15 @@ def free_port() -> int:
 
 
 class SchedulerProcess:
-    """One replica: ``python manage.py runscheduler`` with ``env`` on top of the test's environment."""
+    """One replica: ``python manage.py runscheduler`` with ``env`` on top of the test's environment.
 
-    def __init__(self, name: str, env: dict[str, str], args: tuple[str, ...] = (), metrics: bool = False) -> None:
+    The services (the webhook executor) are off unless ``env`` sets ``HARDCOUNT_SERVICES``; a
+    ``None`` value removes a variable, so the settings' default applies.
+    """
+
+    def __init__(
+        self, name: str, env: dict[str, str | None], args: tuple[str, ...] = (), metrics: bool = False
+    ) -> None:
         self.name = name
         self.metrics_port = free_port() if metrics else None
         full_env = {
@@ -48,6 +54,7 @@ class SchedulerProcess:
             "HARDCOUNT_SERVICES": "",
             **env,
         }
+        full_env = {key: value for key, value in full_env.items() if value is not None}  # None: unset it
         command = [sys.executable, "manage.py", "runscheduler", *args]
         if self.metrics_port:
             command += ["--metrics-port", str(self.metrics_port)]

@@ -210,3 +210,18 @@ def test_sigint_stops_the_runtime_cleanly_releasing_its_leases(replicas):
     assert lease("scratch")["holder"] is None
     assert lease("scratch-2")["holder"] is None
     assert process.find("runtime_stopped", clean="True")
+
+
+def test_the_default_roles_and_services_tick_in_one_replica_and_stop_cleanly(scratch):
+    process = SchedulerProcess("defaults", {"HARDCOUNT_ROLES": None, "HARDCOUNT_SERVICES": None})
+    try:
+        started = process.find("runtime_started")[0]
+        roles = started["roles"].split(",")
+        assert {"billing", "dunning"} <= set(roles)
+        for role in roles:
+            process.wait_for("tick_completed", role=role, timeout_s=30)
+        assert not process.find("tick_failed")
+    finally:
+        assert process.stop() == 0
+    assert process.find("runtime_stopped", clean="True")
+    assert all(lease(role)["holder"] is None for role in roles)
