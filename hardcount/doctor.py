@@ -942,13 +942,13 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "delivery_succeeded_by_one_executor",
-        "No delivery has succeeded attempts recorded by two different executors (SPEC §9: no delivery recorded "
-        "as succeeded by two executors).",
+        "No delivery has succeeded (2xx) attempts recorded by two different executors (SPEC §9: no delivery "
+        "recorded as succeeded by two executors).",
         """
         SELECT delivery_id AS ref, count(*) || ' succeeded attempts by executors '
                || string_agg(DISTINCT executor, ', ') AS detail
         FROM outbox_deliveryattempt
-        WHERE outcome = 'succeeded'
+        WHERE outcome = 'succeeded' OR status_code BETWEEN 200 AND 299
         GROUP BY delivery_id
         HAVING count(DISTINCT executor) > 1
         """,
