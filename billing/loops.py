@@ -13,8 +13,9 @@ from typing import Any
 
 from django.conf import settings
 
+from billing.models import BillingRun
 from billing.services.drain import drain_due, reconcile
-from hardcount.scheduler import TickContext
+from hardcount.scheduler import TickContext, TickFailed
 
 MODES = ((True, "live"), (False, "test"))
 
@@ -29,12 +30,19 @@ class BillingRole:
         return settings.HARDCOUNT_BILLING_INTERVAL_S
 
     def tick(self, ctx: TickContext) -> dict[str, Any]:
-        """Drain live, then test; then reconcile both modes. Returns counts per mode for the log line."""
+        """Drain live, then test; then reconcile both modes. Returns counts per mode for the log line.
+
+        Raises :class:`TickFailed` when a drain was ended by a database error (after the
+        other mode and the reconcilers had their turn), so the tick is retried soon.
+        """
         counts: dict[str, Any] = {}
+        failed_runs = []
         for livemode, mode in MODES:
             if not ctx.fence.alive():
                 return counts
             run = drain_due(livemode=livemode, trigger="scheduler", fence=ctx.fence, on_page=ctx.stamp)
+            if run.status == BillingRun.FAILED:
+                failed_runs.append(f"{run.id} ({mode}): {run.error}")
             counts[f"{mode}_run"] = run.id
             counts[f"{mode}_attempted"] = run.attempted
             counts[f"{mode}_billed"] = run.billed
@@ -45,5 +53,8 @@ class BillingRole:
             reconciled = reconcile(livemode=livemode, fence=ctx.fence) or {}
             for key, value in reconciled.items():
                 counts[f"{mode}_reconcile_{key}"] = value
+        if failed_runs:
+            # Not a completed tick: the ticker retries in min(interval, 30 s), not an hour later.
+            raise TickFailed("billing drain ended by a database error: " + "; ".join(failed_runs))
         ctx.stamp()
         return counts

@@ -37,6 +37,15 @@ class TickContext:
     stamp: Callable[..., bool]
 
 
+class TickFailed(Exception):
+    """Raised by a tick that could not finish its work (e.g. a drain ended by a database error).
+
+    Logged without a traceback, not recorded as a completed tick, and retried after
+    ``min(interval, 30 s)`` instead of a full interval. Any other exception is treated the same
+    way but logged with its traceback.
+    """
+
+
 @runtime_checkable
 class Role(Protocol):
     """A singleton loop: ``name`` (the lease's role), ``interval_s`` (seconds between the end of

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections
 
 from hardcount.logfmt import logfmt
-from hardcount.scheduler.registry import Role, TickContext
+from hardcount.scheduler.registry import Role, TickContext, TickFailed
 from leases import services as leases
 from leases.fencing import LeaseLost
 
@@ -31,6 +31,9 @@ logger = logging.getLogger("hardcount.scheduler")
 _LEADER_WAIT_STEP_S = 0.25
 # A follower's wait after a database error (instead of the poll interval), so an outage is not a log flood.
 _ERROR_BACKOFF_S = 2.0
+# After a failed tick the next one comes after this long, or the interval if shorter: a database
+# blip must not postpone an hourly billing tick by an hour.
+FAILED_TICK_RETRY_S = 30.0
 
 
 class Ticker:
@@ -121,8 +124,9 @@ class Ticker:
                 if remaining > 0:
                     self._stop.wait(min(remaining, _LEADER_WAIT_STEP_S))
                     continue
-                self._tick(lease)
-                deadline = self._clock() + self.role.interval_s
+                succeeded = self._tick(lease)
+                wait_s = self.role.interval_s if succeeded else min(self.role.interval_s, FAILED_TICK_RETRY_S)
+                deadline = self._clock() + wait_s
         except DatabaseError as exc:
             logger.warning(logfmt("leader_db_error", role=name, token=lease.token, error=type(exc).__name__))
             connection.close()
@@ -133,7 +137,8 @@ class Ticker:
             released = lease.close(release_lease=True)
             logger.info(logfmt("lease_released", role=name, token=lease.token, released=released, reason=reason))
 
-    def _tick(self, lease: leases.LeaseFence) -> None:
+    def _tick(self, lease: leases.LeaseFence) -> bool:
+        """Run one tick; False when it failed (retried sooner than the interval)."""
         name = self.role.name
         ctx = TickContext(role=name, holder=self.holder, token=lease.token, fence=lease, stamp=lease.stamp)
         started = self._clock()
@@ -145,24 +150,31 @@ class Ticker:
             if lease.stop_requested and not lease.lost:
                 # The role stopped at a safe point because we asked it to: the lease is still ours to release.
                 logger.info(logfmt("tick_interrupted", role=name, token=lease.token, duration_s=duration_s))
-                return
+                return True
             lease.mark_lost()
             logger.warning(
                 logfmt("lease_lost", role=name, token=lease.token, reason="fence_refused", detail=str(exc)[:200])
             )
-            return
+            return True
+        except TickFailed as exc:
+            logger.warning(
+                logfmt("tick_failed", role=name, token=lease.token, duration_s=self._clock() - started, error=str(exc))
+            )
+            connection.close_if_unusable_or_obsolete()
+            return False
         except Exception:
             logger.exception(logfmt("tick_failed", role=name, token=lease.token, duration_s=self._clock() - started))
             connection.close_if_unusable_or_obsolete()
-            return
+            return False
         duration_s = self._clock() - started
         if not lease.alive():
             # Cut short at a safe point (stop or lost lease): not recorded as completed, so the
             # next leader ticks at once instead of an interval later.
             logger.info(logfmt("tick_interrupted", role=name, token=lease.token, duration_s=duration_s, **counts))
-            return
+            return True
         recorded = lease.complete_tick()
         self.ticks_completed += 1
         logger.info(
             logfmt("tick_completed", role=name, token=lease.token, duration_s=duration_s, recorded=recorded, **counts)
         )
+        return True

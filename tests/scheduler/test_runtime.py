@@ -6,7 +6,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 
-from hardcount.scheduler import Runtime, TickContext, configured_roles, configured_services, process_leadership
+from hardcount.scheduler import (
+    Runtime,
+    TickContext,
+    TickFailed,
+    configured_roles,
+    configured_services,
+    process_leadership,
+)
+from hardcount.scheduler import ticker as ticker_module
 from leases import services as leases
 from tests.leases.helpers import expire, lease_row, wait_until
 
@@ -99,6 +107,21 @@ def test_a_failing_tick_is_logged_the_lease_kept_and_the_next_tick_runs(runtimes
     assert runtime.leadership() == {ROLE: True}
     assert lease_row(ROLE)["last_tick_at"] is None  # a failed tick is not a completed one
     assert any("event=tick_failed" in r.getMessage() and f"role={ROLE}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_tick_is_retried_sooner_than_the_interval_and_then_keeps_the_interval(runtimes, monkeypatch):
+    monkeypatch.setattr(ticker_module, "FAILED_TICK_RETRY_S", 0.1)
+
+    def fail_first(ctx):
+        if len(role.ticks) == 1:
+            raise TickFailed("database blip")
+        return {}
+
+    role = RecordingRole(interval_s=3600, behaviour=fail_first)
+    runtimes(role)
+    assert wait_until(lambda: len(role.ticks) == 2, timeout_s=5)  # not an hour later
+    assert wait_until(lambda: lease_row(ROLE)["last_tick_at"] is not None)
+    assert len(role.ticks) == 2
 
 
 def test_stop_ends_a_long_tick_at_its_next_safe_point_without_recording_it_as_completed(runtimes):
