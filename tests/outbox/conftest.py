@@ -37,6 +37,8 @@ class Answer:
     body: bytes = b"ok"
     headers: dict[str, str] = field(default_factory=dict)
     hang: threading.Event | None = None  # block until set (or 30 s) before answering
+    delay_s: float = 0.0  # answer after this long (a slow receiver)
+    close: bool = False  # close the connection without answering
 
 
 class Receiver:
@@ -70,6 +72,11 @@ class Receiver:
                 answer = behaviour(req, nth)
                 if answer.hang is not None:
                     answer.hang.wait(30)
+                if answer.delay_s:
+                    time.sleep(answer.delay_s)
+                if answer.close:
+                    self.close_connection = True
+                    return
                 try:
                     self.send_response(answer.status)
                     for k, v in answer.headers.items():

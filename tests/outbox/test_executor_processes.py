@@ -125,3 +125,87 @@ def test_sigterm_mid_delivery_records_a_canceled_attempt_and_retries_at_once(ten
     finally:
         release.set()
     assert Delivery.objects.get(id=delivery.id).attempts == 2
+
+
+def test_every_event_reaches_every_endpoint_through_chaos(tenant_t, receiver, processes):
+    """Slow, failing, hanging and connection-closing receivers; executor processes racing, one SIGKILLed."""
+    release = threading.Event()
+    tries: dict[tuple[str, str], int] = {}
+    lock = threading.Lock()
+
+    def per_delivery(answer_for_try):
+        def behave(r, n):
+            key = (r.path, r.headers["hardcount-delivery-id"])
+            with lock:
+                tries[key] = tries.get(key, 0) + 1
+                attempt = tries[key]
+            return answer_for_try(attempt)
+
+        return behave
+
+    receiver.behave("/slow", per_delivery(lambda n: Answer(delay_s=0.2)))
+    receiver.behave("/flaky", per_delivery(lambda n: Answer(500, b"try later") if n <= 2 else Answer()))
+    receiver.behave("/hang", per_delivery(lambda n: Answer(hang=release) if n == 1 else Answer()))
+    receiver.behave("/close", per_delivery(lambda n: Answer(close=True) if n == 1 else Answer()))
+    endpoints = {path: make_endpoint(tenant_t, receiver.url(path)) for path in ("/slow", "/flaky", "/hang", "/close")}
+    events = [emit(tenant_t, "invoice.paid", data={"id": f"in_{i}"}) for i in range(15)]
+
+    stop_mover = threading.Event()
+
+    def move_time():
+        # Retries and circuit cool-downs come due at once: time moved through the rows.
+        from django.db import connections
+
+        while not stop_mover.wait(0.1):
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "UPDATE outbox_delivery SET fire_after = now() "
+                    "WHERE status IN ('pending', 'retrying') AND fire_after > now()"
+                )
+                cursor.execute(
+                    "UPDATE outbox_webhookendpoint SET circuit_open_until = now() WHERE circuit_open_until > now()"
+                )
+        connections["default"].close()
+
+    mover = threading.Thread(target=move_time, daemon=True)
+    env = {"HARDCOUNT_DELIVERY_TIMEOUT_S": "1", "HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S": "1"}
+    try:
+        victim = start_runoutbox(**env)
+        processes.append(victim)
+        processes.append(start_runoutbox(**env))
+        mover.start()
+        receiver.wait_for(20, timeout_s=30)
+        # Kill it while it waits on a hanging receiver (a request that lasts its whole 1 s timeout).
+        held_by_victim = Delivery.objects.filter(
+            claimed_by__contains=f":{victim.pid}:", endpoint=endpoints["/hang"], attempts=1
+        )
+        wait_until(held_by_victim.exists, timeout_s=30, what="the victim mid-request")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        # The victim's leases run out now rather than in 2 s; a third process joins.
+        Delivery.objects.filter(claimed_by__contains=f":{victim.pid}:").update(
+            claim_expires_at=Now() - timedelta(seconds=1)
+        )
+        processes.append(start_runoutbox(**env))
+        wait_until(
+            lambda: Delivery.objects.filter(status="succeeded").count() == 60,
+            timeout_s=90,
+            what="all 60 deliveries succeeded",
+        )
+    finally:
+        stop_mover.set()
+        release.set()
+        if mover.is_alive():
+            mover.join(5)
+
+    assert Delivery.objects.count() == 60
+    for event in events:
+        for endpoint in endpoints.values():
+            d = Delivery.objects.get(event=event, endpoint=endpoint)
+            assert d.status == "succeeded" and 1 <= d.attempts <= 8
+    assert DeliveryAttempt.objects.filter(outcome="succeeded").count() == 60
+    assert DeliveryAttempt.objects.filter(outcome="lease_lost").exists()  # the victim's work was handed on
+    flaky = Delivery.objects.filter(endpoint=endpoints["/flaky"])
+    assert all(d.attempts >= 3 for d in flaky)
+    answered = {(r.path, r.json["id"]) for r in receiver.received()}
+    assert answered == {(path, e.id) for path in endpoints for e in events}
