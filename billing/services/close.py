@@ -24,7 +24,7 @@ from datetime import datetime
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from billing import gateway as gw
-from billing.models import BillingRun, Invoice, InvoiceLineItem, Subscription
+from billing.models import BillingRun, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
 from billing.queries import database_now, lock_due_subscription, materialise_invoice, next_invoice_number
 from billing.representations import invoice_data, subscription_data
@@ -56,10 +56,13 @@ log = logging.getLogger("billing.close")
 @dataclass
 class Hooks:
     """Test seams between the steps of a close: ``after_prepare(plan)`` once step 1 has
-    committed, ``after_charge(plan, result)`` once the gateway answered. None in production."""
+    committed, ``after_charge(plan, result)`` once the gateway answered, ``during_record(invoice,
+    attempt, outcome)`` inside step 3's transaction after its writes, before it commits (the kill
+    points of tests/system/test_failure_correctness.py). None in production."""
 
     after_prepare: Callable[[ChargePlan], None] | None = None
     after_charge: Callable[[ChargePlan, gw.ChargeResult], None] | None = None
+    during_record: Callable[[Invoice, PaymentAttempt, Outcome], None] | None = None
 
 
 hooks = Hooks()
@@ -102,7 +105,14 @@ def close_subscription_period(
         if hooks.after_charge:
             hooks.after_charge(prepared, result)
         return record_outcome(
-            prepared, result, fence=fence, save_failure=True, fresh_ladder=manual_retry, run=run, as_of=as_of
+            prepared,
+            result,
+            fence=fence,
+            save_failure=True,
+            fresh_ladder=manual_retry,
+            run=run,
+            as_of=as_of,
+            on_record=hooks.during_record,
         )
     except LeaseLost:
         raise
