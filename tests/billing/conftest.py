@@ -131,16 +131,24 @@ class Book:
         return Tenant.objects.create(name=name)
 
     def customer(self, tenant, *, card: str | None = VISA, livemode: bool = False, clock=None, currency: str = "usd"):
-        from billing.models import Customer
+        from django.db import transaction
 
-        return Customer.objects.create(
-            tenant=tenant,
-            livemode=livemode,
-            email=f"c{Customer.objects.count()}@example.com",
-            default_payment_method=self._make_card(card) if card else "",
-            currency=currency,
-            test_clock=clock,
-        )
+        from billing.models import Customer
+        from billing.representations import customer_data
+        from outbox.services import emit_event
+
+        payment_method = self._make_card(card) if card else ""
+        with transaction.atomic():
+            customer = Customer.objects.create(
+                tenant=tenant,
+                livemode=livemode,
+                email=f"c{Customer.objects.count()}@example.com",
+                default_payment_method=payment_method,
+                currency=currency,
+                test_clock=clock,
+            )
+            emit_event(tenant_id=tenant.id, livemode=livemode, type="customer.created", data=customer_data(customer))
+        return customer
 
     def price(self, tenant, *, amount: int = 1000, currency: str = "usd", interval: str = "month", livemode=False):
         from billing.models import Price
@@ -150,21 +158,33 @@ class Book:
         )
 
     def subscription(self, customer, price, *, anchor: datetime | None = None, status: str = "active"):
+        from django.db import transaction
+
         from billing.models import Subscription
         from billing.queries import database_now
+        from billing.representations import subscription_data
+        from outbox.services import emit_event
 
         if anchor is None:
             anchor = database_now() - timedelta(hours=1)
-        return Subscription.objects.create(
-            tenant_id=customer.tenant_id,
-            livemode=customer.livemode,
-            customer=customer,
-            price=price,
-            status=status,
-            billing_cycle_anchor=anchor,
-            next_billing_at=anchor,
-            test_clock=customer.test_clock,
-        )
+        with transaction.atomic():
+            sub = Subscription.objects.create(
+                tenant_id=customer.tenant_id,
+                livemode=customer.livemode,
+                customer=customer,
+                price=price,
+                status=status,
+                billing_cycle_anchor=anchor,
+                next_billing_at=anchor,
+                test_clock=customer.test_clock,
+            )
+            emit_event(
+                tenant_id=sub.tenant_id,
+                livemode=sub.livemode,
+                type="subscription.created",
+                data=subscription_data(sub),
+            )
+        return sub
 
     def subscribed(
         self, tenant, *, card: str | None = VISA, amount: int = 1000, currency: str = "usd", interval="month", **kw
@@ -176,8 +196,21 @@ class Book:
 
 
 @pytest.fixture
-def book(transactional_db, stripe_proxy, make_card):
-    return Book(make_card)
+def book(request, transactional_db, stripe_proxy, make_card):
+    """The book builder. After the test, the money-invariant sweep (``doctor``) must find nothing
+    wrong in what the test left behind (opt out with the ``no_doctor`` fixture)."""
+    yield Book(make_card)
+    if "no_doctor" in request.fixturenames:
+        return
+    from hardcount.doctor import run_checks
+
+    failures = [(r.name, r.examples) for r in run_checks() if r.status not in ("ok", "not checked")]
+    assert failures == [], failures
+
+
+@pytest.fixture
+def no_doctor():
+    """Opt out of the doctor sweep after the test (a test that breaks an invariant on purpose)."""
 
 
 @pytest.fixture

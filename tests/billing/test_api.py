@@ -9,6 +9,7 @@ from billing.models import BillingRun, Invoice, LedgerEntry, PaymentAttempt, Sub
 from billing.queries import database_now
 from billing.representations import billing_attempt_data, billing_run_data, ledger_entry_data, payment_attempt_data
 from billing.services.drain import drain_due
+from billing.services.ledger import grant_credit
 from tests.api.conftest import Api, make_keys
 from tests.billing.conftest import DECLINING_CARD
 
@@ -145,15 +146,7 @@ def test_output_schemas_declare_exactly_the_keys_of_the_representations(book, ac
     sub = book.subscribed(acme.tenant)
     book.customer(acme.tenant)
     run = drain_due(livemode=False, trigger="manual", tenant_id=acme.tenant.id)
-    LedgerEntry.objects.create(
-        tenant=acme.tenant,
-        livemode=False,
-        customer=sub.customer,
-        amount=1,
-        currency="usd",
-        balance_after=1,
-        reason="grant",
-    )
+    grant_credit(sub.customer_id, tenant_id=acme.tenant.id, livemode=False, amount=1)
     pairs = [
         (schemas.BillingRun, billing_run_data(run)),
         (schemas.BillingAttempt, billing_attempt_data(run.attempts.get())),

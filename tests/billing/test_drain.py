@@ -87,7 +87,8 @@ def test_no_circuit_breaker_many_failures_in_a_row_do_not_stop_the_run(book, ten
     assert all(Invoice.objects.get(subscription=s).status == "paid" for s in late_good)
 
 
-def test_waiting_and_parked_subscriptions_are_left_out_of_due_scans(book, tenant):
+def test_waiting_and_parked_subscriptions_are_left_out_of_due_scans(book, tenant, no_doctor):
+    # no_doctor: the parked state is written straight to the row, without its event.
     waiting = book.subscribed(tenant)
     parked = book.subscribed(tenant)
     now = database_now()
@@ -288,7 +289,8 @@ class _ScriptedFence:
             raise LeaseLost("deposed (test)")
 
 
-def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant):
+def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant, no_doctor):
+    # no_doctor: the run stays 'running' under a lease token that no lease row holds (a scripted fence).
     from leases.fencing import LeaseLost
 
     for _ in range(6):

@@ -77,7 +77,7 @@ def test_racing_drains_bill_every_subscription_exactly_once(book, tenant, stripe
 
 
 def test_negative_control_without_the_unique_index_racing_drains_bill_a_period_twice(
-    book, tenant, stripe_proxy, monkeypatch
+    book, tenant, stripe_proxy, monkeypatch, no_doctor
 ):
     sub = book.subscribed(tenant)
     with connection.cursor() as cursor:
