@@ -133,9 +133,7 @@ def main() -> None:
             tenant_id = _seed(args.subscriptions, payment_method)
             proxy.clear()
             if args.latency_ms:
-                proxy.fail_next(
-                    "delay", times=10**9, match="POST /v1/payment_intents", delay_s=args.latency_ms / 1000
-                )
+                proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=args.latency_ms / 1000)
             started = time.perf_counter()
             run = drain_due(
                 livemode=False,
