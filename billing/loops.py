@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from billing.models import BillingRun
+from billing.services.clocks import resume_stalled_advances
 from billing.services.drain import drain_due, reconcile
 from hardcount.scheduler import TickContext, TickFailed
 
@@ -47,6 +48,8 @@ class BillingRole:
             counts[f"{mode}_attempted"] = run.attempted
             counts[f"{mode}_billed"] = run.billed
             counts[f"{mode}_failed"] = run.failed
+        # Test-clock advances whose process died resume in the background (billing/services/clocks.py).
+        counts["test_clocks_resumed"] = len(resume_stalled_advances(livemode=False))
         for livemode, mode in MODES:
             if not ctx.fence.alive():
                 return counts

@@ -205,3 +205,22 @@ def billing_attempt_data(attempt) -> dict[str, Any]:
         "failure_number": attempt.failure_number,
         "created": iso(attempt.created_at),
     }
+
+
+def test_clock_data(clock) -> dict[str, Any]:
+    """A test clock: its ``frozen_time``, ``status`` (``ready`` | ``advancing``), the target of a running
+    advance, and the reason of the latest failed close (or stopped advance) on it."""
+    return {
+        "id": clock.id,
+        "object": "test_clock",
+        "livemode": clock.livemode,
+        "name": clock.name,
+        "frozen_time": iso(clock.frozen_time),
+        "status": clock.status,
+        "advance_target": iso(clock.advance_target),
+        "last_failure": clock.last_failure or None,
+        "created": iso(clock.created_at),
+    }
+
+
+test_clock_data.__test__ = False  # not a pytest test despite its name

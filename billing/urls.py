@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import catalog, payments, runs
+from billing.api import catalog, clocks, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -28,4 +28,8 @@ urlpatterns = [
     path("invoices/<str:id>/void", payments.InvoiceVoidView.as_view(), name="invoice-void"),
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
+    # Test clocks (billing/api/clocks.py).
+    path("test_clocks", clocks.TestClockListView.as_view(), name="test-clocks"),
+    path("test_clocks/<str:id>", clocks.TestClockDetailView.as_view(), name="test-clock"),
+    path("test_clocks/<str:id>/advance", clocks.TestClockAdvanceView.as_view(), name="test-clock-advance"),
 ]

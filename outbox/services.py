@@ -40,6 +40,7 @@ EVENT_TYPES = (
     "subscription.canceled",
     "test_clock.created",
     "test_clock.advanced",
+    "test_clock.deleted",
     "billing_run.completed",
     "dunning.retry_scheduled",
     "dunning.exhausted",

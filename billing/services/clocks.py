@@ -1,0 +1,492 @@
+"""Test clocks (SPEC §2, §4): create, delete, and advance month after month in the background.
+
+A test clock is a test-mode ``frozen_time``. Customers and subscriptions attached to it are
+billed by that time only: the wall-clock drain never touches them, and everything the close
+writes for them (invoice dates, period bounds, events' ``created``, dunning due times) uses the
+clock's time, never the wall clock.
+
+Advancing (:func:`advance_test_clock`) is asynchronous, as in Stripe: the request marks the clock
+``advancing`` with its ``advance_target`` and returns at once; a background thread
+(:func:`start_advance`, one database connection of its own) walks time forward instant by
+instant (:func:`run_advance`). At each instant — the earliest ``next_billing_at`` or dunning due
+time of the clock's objects — the clock's ``frozen_time`` is set to it, the dunning pass and the
+billing drain run ``as_of`` that instant, and the walk moves to the next instant, until nothing
+is due by the target; then ``frozen_time = target``, the clock is ``ready`` again and
+``test_clock.advanced`` is emitted. So every period in between is billed in order, at its own
+time: renewals, trials ending, ``cancel_at_period_end`` taking effect, dunning retries.
+
+Crash safety (docs/decisions/0080-test-clock-advance-runs-in-the-background.md): the thread
+holds a PostgreSQL session advisory lock on the clock for the whole walk. A process that dies
+closes its connection, which frees the lock, so "``advancing`` and the lock is free" means the
+advance was orphaned; the billing tick (:func:`resume_stalled_advances`) and a read of the clock
+through the API resume it toward its recorded target. Every step of the walk is idempotent (the
+drain's exactly-once guards, the monotonic clock update), so resuming is safe at any point.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime
+
+from dateutil.relativedelta import relativedelta
+from django.db import DatabaseError, connection, connections, transaction
+
+from billing.models import BillingRun, Customer, Subscription, TestClock
+from billing.representations import iso, test_clock_data
+from billing.services.drain import drain_due
+from dunning import services as dunning_services
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
+from outbox.services import emit_event
+
+log = logging.getLogger("billing.clocks")
+
+# Codes of the 422s this module raises for well-formed input that breaks a rule the OpenAPI
+# document can only state in prose (relative to the clock's current time, or the key's mode).
+BUSINESS_RULE_CODES = frozenset(
+    {
+        "test_mode_only",
+        "frozen_time_out_of_range",
+        "test_clock_time_not_later",
+        "test_clock_advance_too_far",
+    }
+)
+
+# Clock times stay where period arithmetic (anchor + n × interval, up to three years) is safe.
+EARLIEST_FROZEN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_FROZEN_TIME = datetime(2200, 1, 1, tzinfo=UTC)
+# The longest single advance. A daily subscription over five years is ~1,800 billing instants:
+# bounded work for one background walk. Advance again to go further.
+MAX_ADVANCE = relativedelta(years=5)
+
+BILLABLE = Subscription.BILLABLE_STATUSES
+
+# TRY_ADVANCE_LOCK: the session advisory lock an advancer holds for its whole walk. Session
+# scoped, so it outlives the walk's transactions and dies with the connection: a crashed
+# process frees it at once, and a free lock on an ``advancing`` clock means nobody advances it.
+# The key is a 64-bit hash of the clock id (a collision would only serialise two clocks).
+TRY_ADVANCE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
+RELEASE_ADVANCE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.test_clock:' || %s, 0))"
+# ADVANCE_LOCK_FREE: the liveness probe, inside a transaction. The transaction-scoped try-lock
+# succeeds only when no session holds the advancer's lock, and is released at commit, so the
+# probe never blocks or keeps an advancer out.
+ADVANCE_LOCK_FREE = "SELECT pg_try_advisory_xact_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
+
+
+class TestClockAdvancing(StateConflictError):
+    """409: the clock is advancing; wait until its ``status`` is ``ready``."""
+
+    __test__ = False
+    default_code = "test_clock_advancing"
+
+
+class TestClockInUse(StateConflictError):
+    """409: customers or subscriptions are attached to the clock (decision 0081)."""
+
+    __test__ = False
+    default_code = "test_clock_in_use"
+
+
+class AdvanceFailed(Exception):
+    """An advance cannot go on (a drain ended by a database error); the clock stops where it got to."""
+
+
+# --- create, retrieve, delete ---------------------------------------------------------------------------------------
+
+
+def _check_frozen_time(value: datetime, *, param: str = "frozen_time") -> None:
+    if not EARLIEST_FROZEN_TIME <= value < LATEST_FROZEN_TIME:
+        raise InvalidRequestError(
+            f"{param} must be from {iso(EARLIEST_FROZEN_TIME)} up to (not including) {iso(LATEST_FROZEN_TIME)}.",
+            code="frozen_time_out_of_range",
+            param=param,
+        )
+
+
+def _get(clock_id: str, *, tenant_id: str, livemode: bool, lock: bool = False) -> TestClock:
+    queryset = TestClock.objects.filter(tenant_id=tenant_id, livemode=livemode, pk=clock_id)
+    if lock:
+        queryset = queryset.select_for_update()
+    clock = queryset.first()
+    if clock is None:
+        raise NotFoundError(f"No such test clock: '{clock_id}'.", param="id")
+    return clock
+
+
+def create_test_clock(*, tenant_id: str, livemode: bool, frozen_time: datetime, name: str = "") -> TestClock:
+    """Create a ``ready`` test clock at ``frozen_time`` (aware, UTC) and emit ``test_clock.created``.
+
+    Test mode only, as in Stripe: a live key gets :class:`InvalidRequestError` ``test_mode_only``.
+    ``frozen_time`` must lie in [1970-01-01, 2200-01-01) (``frozen_time_out_of_range``); it may
+    be in the past or the future of the wall clock.
+    """
+    if livemode:
+        raise InvalidRequestError(
+            "Test clocks exist in test mode only; use a test key.", code="test_mode_only", param=None
+        )
+    _check_frozen_time(frozen_time)
+    with transaction.atomic():
+        clock = TestClock.objects.create(tenant_id=tenant_id, livemode=livemode, frozen_time=frozen_time, name=name)
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="test_clock.created",
+            data=test_clock_data(clock),
+            created_at=clock.frozen_time,
+        )
+    return clock
+
+
+def delete_test_clock(*, tenant_id: str, livemode: bool, clock_id: str) -> TestClock:
+    """Delete a clock that nothing is attached to and emit ``test_clock.deleted``; returns the deleted clock.
+
+    Raises :class:`NotFoundError`, :class:`TestClockAdvancing` (409) while it advances, and
+    :class:`TestClockInUse` (409) while a customer or subscription is attached: their invoices,
+    payments and ledger are history dated by the clock, and detaching them would hand them to
+    the wall-clock drain at a time that means nothing to it (decision 0081).
+    """
+    with transaction.atomic():
+        clock = _get(clock_id, tenant_id=tenant_id, livemode=livemode, lock=True)
+        if clock.status == TestClock.ADVANCING:
+            raise TestClockAdvancing(f"Test clock {clock.id} is advancing; delete it once it is ready.")
+        attached = Customer.objects.filter(test_clock_id=clock.id).exists() or clock.subscriptions.exists()
+        if attached:
+            raise TestClockInUse(
+                f"Customers or subscriptions are attached to test clock {clock.id}; a clock with billing history "
+                "cannot be deleted."
+            )
+        data = test_clock_data(clock)
+        TestClock.objects.filter(pk=clock.id).delete()
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="test_clock.deleted",
+            data=data,
+            created_at=clock.frozen_time,
+        )
+    return clock
+
+
+# --- advance --------------------------------------------------------------------------------------------------------
+
+
+def advance_test_clock(*, tenant_id: str, livemode: bool, clock_id: str, frozen_time: datetime) -> TestClock:
+    """Start advancing a clock to ``frozen_time``; returns the clock, ``advancing``, at once.
+
+    The walk runs in a background thread started when this transaction commits
+    (:func:`start_advance`); the clock returns to ``ready`` at ``frozen_time`` when it is done.
+    Rules: ``frozen_time`` later than the clock's (``test_clock_time_not_later``), at most five
+    years later (``test_clock_advance_too_far``) and before 2200 (``frozen_time_out_of_range``),
+    all :class:`InvalidRequestError` (422); :class:`TestClockAdvancing` (409) when the clock is
+    already advancing (an orphaned advance is resumed first, see :func:`resume_if_stalled`);
+    :class:`NotFoundError` for a clock of another tenant or mode.
+    """
+    with transaction.atomic():
+        clock = _get(clock_id, tenant_id=tenant_id, livemode=livemode, lock=True)
+        if clock.status == TestClock.ADVANCING:
+            stalled = not _advancer_alive(clock.id)
+        else:
+            stalled = None
+            _check_frozen_time(frozen_time)
+            if frozen_time <= clock.frozen_time:
+                raise InvalidRequestError(
+                    f"frozen_time must be later than the clock's current time, {iso(clock.frozen_time)}.",
+                    code="test_clock_time_not_later",
+                    param="frozen_time",
+                )
+            if frozen_time > clock.frozen_time + MAX_ADVANCE:
+                raise InvalidRequestError(
+                    "A test clock advances at most five years at a time; advance again to go further.",
+                    code="test_clock_advance_too_far",
+                    param="frozen_time",
+                )
+            clock.status = TestClock.ADVANCING
+            clock.advance_target = frozen_time
+            clock.last_failure = ""
+            clock.save(update_fields=["status", "advance_target", "last_failure"])
+            transaction.on_commit(lambda: start_advance(clock.id))
+    if stalled is not None:
+        if stalled:
+            start_advance(clock.id)
+        raise TestClockAdvancing(
+            f"Test clock {clock.id} is already advancing to {iso(clock.advance_target)}; "
+            "advance it again once its status is ready."
+        )
+    return clock
+
+
+# Threads this process started, by clock id (so tests and shutdown can wait for them).
+_threads: dict[str, threading.Thread] = {}
+_threads_lock = threading.Lock()
+
+
+def start_advance(clock_id: str) -> threading.Thread:
+    """Run :func:`run_advance` for ``clock_id`` on a background thread with its own connection; returns it.
+
+    A thread of this process already walking that clock is returned instead of a second one.
+    Across processes the advisory lock lets exactly one walker through.
+    """
+    with _threads_lock:
+        running = _threads.get(clock_id)
+        if running is not None and running.is_alive():
+            return running
+        thread = threading.Thread(
+            target=_advance_thread, args=(clock_id,), name=f"test-clock-advance-{clock_id}", daemon=True
+        )
+        _threads[clock_id] = thread
+        thread.start()
+        return thread
+
+
+def _advance_thread(clock_id: str) -> None:
+    try:
+        run_advance(clock_id)
+    except Exception:
+        log.exception("advance of test clock %s ended by an error; the clock stays advancing until resumed", clock_id)
+    finally:
+        connections.close_all()
+
+
+def wait_for_advances(timeout_s: float | None = None) -> bool:
+    """Join this process's advance threads; True when all have finished (within ``timeout_s`` each)."""
+    with _threads_lock:
+        threads = list(_threads.values())
+    for thread in threads:
+        thread.join(timeout_s)
+    return not any(thread.is_alive() for thread in threads)
+
+
+def run_advance(clock_id: str) -> bool:
+    """Walk an ``advancing`` clock to its ``advance_target`` on this thread; False when there was nothing to do.
+
+    Holds the clock's advisory lock on this thread's connection for the whole walk; returns
+    False at once when another session holds it (that one is walking the clock), or when the
+    clock is not ``advancing``. An error that ends the walk (:class:`AdvanceFailed`, or any
+    exception from the drain or dunning) returns the clock to ``ready`` where it got to, with
+    ``last_failure`` saying why, and emits ``test_clock.advanced``; if even that cannot be
+    written (the database went away) the clock stays ``advancing`` for :func:`resume_stalled_advances`.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("run_advance must not run inside a transaction: each step commits on its own")
+    with connection.cursor() as cursor:
+        cursor.execute(TRY_ADVANCE_LOCK, [clock_id])
+        if not cursor.fetchone()[0]:
+            return False
+    try:
+        clock = TestClock.objects.filter(pk=clock_id).first()
+        if clock is None or clock.status != TestClock.ADVANCING or clock.advance_target is None:
+            return False
+        try:
+            _walk(clock)
+        except Exception as exc:
+            log.exception("advance of test clock %s failed", clock_id)
+            _stop_where_it_got(clock.id, exc)
+            return True
+        _finish(clock.id)
+        return True
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(RELEASE_ADVANCE_LOCK, [clock_id])
+        except DatabaseError:
+            connection.close()  # the session, and with it the lock, is gone anyway
+
+
+def _walk(clock: TestClock) -> None:
+    """Process every instant from the clock's time to its target, in order (see the module docstring)."""
+    target = clock.advance_target
+    instant = clock.frozen_time
+    if not _due_by(clock, instant):
+        instant = _next_instant(clock, after=instant, target=target)
+    while instant is not None:
+        _set_time(clock.id, instant)
+        progress = _process_instant(clock, instant)
+        if progress and _due_by(clock, instant):
+            # Several periods were due by this instant (a clock set ahead of an anchor, or a
+            # period caught up after a failure): bill the next one at the same instant.
+            continue
+        # Whatever is still due by this instant failed here; the drain tries it again (once) at
+        # every later instant, and the clock's last_failure says why.
+        instant = _next_instant(clock, after=instant, target=target)
+
+
+def _process_instant(clock: TestClock, instant: datetime) -> int:
+    """Dunning retries, then billing, due by ``instant``; returns how many moved forward."""
+    done = 0
+    dunning_at = _dunning_next_due(clock, after=None)
+    if dunning_at is not None and dunning_at <= instant:
+        done += _dunning_process(clock, instant)
+    billing_at = _billing_next_due(clock, after=None)
+    if billing_at is not None and billing_at <= instant:
+        run = drain_due(
+            livemode=clock.livemode,
+            trigger=BillingRun.TEST_CLOCK,
+            tenant_id=clock.tenant_id,
+            test_clock_id=clock.id,
+            as_of=instant,
+        )
+        if run.status == BillingRun.FAILED:
+            raise AdvanceFailed(f"billing run {run.id} at {iso(instant)} ended: {run.error}")
+        done += run.billed
+    return done
+
+
+def _due_by(clock: TestClock, instant: datetime) -> bool:
+    for next_due in (_billing_next_due(clock, after=None), _dunning_next_due(clock, after=None)):
+        if next_due is not None and next_due <= instant:
+            return True
+    return False
+
+
+def _next_instant(clock: TestClock, *, after: datetime, target: datetime) -> datetime | None:
+    """The earliest due instant of the clock's objects in ``(after, target]``, or None."""
+    candidates = [
+        at
+        for at in (_billing_next_due(clock, after=after), _dunning_next_due(clock, after=after))
+        if at is not None and at <= target
+    ]
+    return min(candidates, default=None)
+
+
+def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
+    """The earliest ``next_billing_at`` of the clock's billable, unparked subscriptions (after ``after``)."""
+    subscriptions = Subscription.objects.filter(
+        test_clock_id=clock.id, status__in=BILLABLE, billing_parked_at__isnull=True, next_billing_at__isnull=False
+    )
+    if after is not None:
+        subscriptions = subscriptions.filter(next_billing_at__gt=after)
+    first = subscriptions.order_by("next_billing_at").values_list("next_billing_at", flat=True).first()
+    return first
+
+
+# --- the dunning integration point ----------------------------------------------------------------------------------
+# dunning.services provides (issue 6, helper F):
+#   process_due(*, livemode, as_of=None, test_clock_id=None, fence=NO_FENCE, limit=None) -> int
+#       retries the clock's dunning runs due by ``as_of``; returns how many it processed;
+#   next_due_at(*, livemode, test_clock_id, after=None) -> datetime | None
+#       the earliest due time of the clock's active dunning runs (after ``after``).
+# Until both exist, the walk bills periods only (tests/clocks/test_dunning.py exercises the join).
+
+
+def _dunning_process(clock: TestClock, instant: datetime) -> int:
+    process_due = getattr(dunning_services, "process_due", None)
+    if process_due is None:
+        return 0
+    return process_due(livemode=clock.livemode, as_of=instant, test_clock_id=clock.id)
+
+
+def _dunning_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
+    next_due_at = getattr(dunning_services, "next_due_at", None)
+    if next_due_at is None:
+        return None
+    return next_due_at(livemode=clock.livemode, test_clock_id=clock.id, after=after)
+
+
+# --- the clock row --------------------------------------------------------------------------------------------------
+
+
+def _set_time(clock_id: str, instant: datetime) -> None:
+    """Move the advancing clock's ``frozen_time`` to ``instant``; never backwards (a resumed walk may repeat one)."""
+    TestClock.objects.filter(pk=clock_id, status=TestClock.ADVANCING, frozen_time__lte=instant).update(
+        frozen_time=instant
+    )
+
+
+def _finish(clock_id: str) -> None:
+    """The target is reached: ``frozen_time = target``, ``ready``, ``test_clock.advanced`` (one transaction)."""
+    with transaction.atomic():
+        clock = TestClock.objects.select_for_update().get(pk=clock_id)
+        if clock.status != TestClock.ADVANCING or clock.advance_target is None:
+            return
+        clock.frozen_time = max(clock.frozen_time, clock.advance_target)
+        clock.status = TestClock.READY
+        clock.advance_target = None
+        clock.save(update_fields=["frozen_time", "status", "advance_target"])
+        emit_event(
+            tenant_id=clock.tenant_id,
+            livemode=clock.livemode,
+            type="test_clock.advanced",
+            data=test_clock_data(clock),
+            created_at=clock.frozen_time,
+        )
+
+
+def _stop_where_it_got(clock_id: str, exc: Exception) -> None:
+    """An error ended the walk: ``ready`` at the last instant reached, ``last_failure`` set, event emitted."""
+    try:
+        with transaction.atomic():
+            clock = TestClock.objects.select_for_update().get(pk=clock_id)
+            if clock.status != TestClock.ADVANCING:
+                return
+            target = clock.advance_target
+            clock.status = TestClock.READY
+            clock.advance_target = None
+            clock.last_failure = (
+                f"advance to {iso(target)} stopped at {iso(clock.frozen_time)}: {type(exc).__name__}: {exc}"
+            )[:2000]
+            clock.save(update_fields=["status", "advance_target", "last_failure"])
+            emit_event(
+                tenant_id=clock.tenant_id,
+                livemode=clock.livemode,
+                type="test_clock.advanced",
+                data=test_clock_data(clock),
+                created_at=clock.frozen_time,
+            )
+    except DatabaseError:
+        log.exception("could not record the failed advance of %s; it stays advancing until resumed", clock_id)
+
+
+# --- orphaned advances ----------------------------------------------------------------------------------------------
+
+
+def _advancer_alive(clock_id: str) -> bool:
+    """True when some session holds the clock's advance lock (someone is walking it)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(ADVANCE_LOCK_FREE, [clock_id])
+            return not cursor.fetchone()[0]
+
+
+def resume_if_stalled(clock: TestClock) -> bool:
+    """Resume ``clock``'s walk in the background if it is ``advancing`` but nobody walks it; True when resumed.
+
+    Called when the API reads a clock, so a client polling an orphaned advance heals it. The
+    thread starts when the caller's transaction commits (never, inside a test's transaction).
+    """
+    if clock.status != TestClock.ADVANCING or _advancer_alive(clock.id):
+        return False
+    transaction.on_commit(lambda: start_advance(clock.id))
+    return True
+
+
+def resume_stalled_advances(*, livemode: bool = False) -> list[str]:
+    """Resume every orphaned advance (``advancing``, lock free) of one mode in the background; their ids.
+
+    The billing tick calls this in its test-mode pass: an advance whose process died (SIGKILL,
+    a recycled web worker) is picked up within one billing interval.
+    """
+    resumed = []
+    for clock_id in TestClock.objects.filter(livemode=livemode, status=TestClock.ADVANCING).values_list(
+        "id", flat=True
+    ):
+        if not _advancer_alive(clock_id):
+            start_advance(clock_id)
+            resumed.append(clock_id)
+    return resumed
+
+
+__all__ = [
+    "BUSINESS_RULE_CODES",
+    "MAX_ADVANCE",
+    "AdvanceFailed",
+    "TestClockAdvancing",
+    "TestClockInUse",
+    "advance_test_clock",
+    "create_test_clock",
+    "delete_test_clock",
+    "resume_if_stalled",
+    "resume_stalled_advances",
+    "run_advance",
+    "start_advance",
+    "wait_for_advances",
+]
