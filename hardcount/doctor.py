@@ -1354,9 +1354,12 @@ def format_table(results: list[CheckResult]) -> str:
         lines.append(f"{name:<{widths[0]}}  {status:<{widths[1]}}  {count:>{widths[2]}}  {examples}".rstrip())
     failed = sum(r.status == FAIL for r in results)
     errored = sum(r.status == ERROR for r in results)
+    skipped = sum(r.status == NOT_CHECKED for r in results)
     total = sum(r.violations for r in results)
     if failed or errored:
         verdict = f"{failed} of {len(results)} checks failed ({total} violations), {errored} could not run"
     else:
-        verdict = f"all {len(results)} checks passed"
+        verdict = f"all {len(results) - skipped} checks passed"
+    if skipped:
+        verdict += f", {skipped} not checked"
     return "\n".join([*lines, "", verdict]) + "\n"

@@ -83,7 +83,7 @@ class Command(BaseCommand):
                 )
             )
         if options["json"]:
-            self.stdout.write(json.dumps(doctor.summary(results), indent=2))
+            self.stdout.write(json.dumps(doctor.summary(results), indent=2, ensure_ascii=False))
         else:
             self.stdout.write(doctor.format_table(results))
         sys.exit(doctor.exit_status(results))
