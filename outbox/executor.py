@@ -159,6 +159,7 @@ class ExecutorConfig:
 
     @property
     def lease_s(self) -> float:
+        """The lease on a claimed delivery: twice the request timeout (SPEC §6)."""
         return 2 * self.timeout_s
 
     @property
@@ -285,6 +286,7 @@ class Executor:
 
     @property
     def running(self) -> bool:
+        """True while the executor's thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:

@@ -60,6 +60,7 @@ def webhook_endpoint_data(endpoint, *, secret: str | None = None) -> dict[str, A
 
 
 def delivery_attempt_data(attempt) -> dict[str, Any]:
+    """One attempt's evidence: outcome, HTTP status (None without an answer), latency, error, 1 KiB excerpt."""
     return {
         "id": attempt.id,
         "object": "webhook_delivery_attempt",

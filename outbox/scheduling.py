@@ -30,10 +30,12 @@ class ExecutorService:
         self.executor: Executor | None = None
 
     def start(self) -> None:
+        """Start this replica's executor (returns once it is connected; raises if it cannot start)."""
         if self.executor is None:
             self.executor = Executor(ExecutorConfig.from_settings()).start()
 
     def stop(self) -> None:
+        """Stop the executor: requests in flight finish or are cancelled and recorded (see ``Executor.stop``)."""
         executor, self.executor = self.executor, None
         if executor is not None:
             executor.stop()
@@ -46,6 +48,7 @@ class OutboxMaintenanceRole:
 
     @property
     def interval_s(self) -> float:
+        """Seconds between ticks: ``HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S`` (default 60)."""
         return float(getattr(settings, "HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S", 60.0))
 
     def tick(self, ctx) -> dict[str, Any]:
