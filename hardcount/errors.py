@@ -158,6 +158,26 @@ class ServiceError(Exception):
         return error_body(INVALID_REQUEST, self.code, self.message, self.param)
 
 
+_BUSINESS_RULE_CODES: set[str] = set()
+
+
+def business_rule_codes(*codes: str) -> frozenset[str]:
+    """Register error codes of 422s for rules the OpenAPI document can state only in prose.
+
+    A business rule is cross-field, relative to "now" or dependent on another object's state
+    (a currency mismatch, an anchor too far ahead); the request is schema-valid yet refused.
+    Services declare theirs at import time (``MY_CODES = business_rule_codes("a", "b")``);
+    the fuzz test accepts a 422 to schema-valid data only with a registered code (decision 0003).
+    """
+    _BUSINESS_RULE_CODES.update(codes)
+    return frozenset(codes)
+
+
+def registered_business_rule_codes() -> frozenset[str]:
+    """Every code registered with :func:`business_rule_codes` so far."""
+    return frozenset(_BUSINESS_RULE_CODES)
+
+
 class InvalidRequestError(ServiceError):
     """422: the input breaks a business rule (currency mismatch, anchor out of range, ...)."""
 

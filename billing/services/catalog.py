@@ -19,22 +19,20 @@ from django.db import connection, transaction
 from billing.models import Customer, Price, Subscription, TestClock
 from billing.periods import INTERVALS, period_start
 from billing.representations import customer_data, price_data, subscription_data
-from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from outbox.services import emit_event
 
 # Codes of the 422s this module raises for requests whose every field is well-formed on its own
 # (cross-field and time-relative rules the OpenAPI document can only describe in prose).
-BUSINESS_RULE_CODES = frozenset(
-    {
-        "test_mode_only",
-        "price_inactive",
-        "currency_mismatch",
-        "interval_count_too_long",
-        "trial_conflict",
-        "trial_end_out_of_range",
-        "billing_cycle_anchor_out_of_range",
-    }
+BUSINESS_RULE_CODES = business_rule_codes(
+    "test_mode_only",
+    "price_inactive",
+    "currency_mismatch",
+    "interval_count_too_long",
+    "trial_conflict",
+    "trial_end_out_of_range",
+    "billing_cycle_anchor_out_of_range",
 )
 
 # Longest billing interval accepted: three years, in each interval's unit.

@@ -36,7 +36,7 @@ from billing.models import BillingRun, Customer, Subscription, TestClock
 from billing.representations import iso, test_clock_data
 from billing.services.drain import drain_due
 from dunning import services as dunning_services
-from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_event
 
 log = logging.getLogger("billing.clocks")
@@ -85,6 +85,12 @@ class TestClockInUse(StateConflictError):
 
     __test__ = False
     default_code = "test_clock_in_use"
+
+
+# 422s for rules the OpenAPI document can state only in prose (time ranges, relative to the clock).
+BUSINESS_RULE_CODES = business_rule_codes(
+    "frozen_time_out_of_range", "test_clock_time_not_later", "test_clock_advance_too_far", "test_mode_only"
+)
 
 
 class AdvanceFailed(Exception):
