@@ -175,6 +175,8 @@ def test_overlapping_period_is_found(world, db):
 
 def test_lost_period_gap_is_found(world, db):
     # The declined invoice (period 1) never existed: period 2 starts where nothing ended.
+    runs = list(DunningRun.objects.filter(invoice_id=world.declined).values_list("id", flat=True))
+    Event.objects.filter(data__id__in=runs).delete()
     DunningRun.objects.filter(invoice_id=world.declined).delete()
     PaymentAttempt.objects.filter(invoice_id=world.declined).delete()
     LedgerEntry.objects.filter(invoice_id=world.declined).delete()
@@ -228,12 +230,6 @@ def test_failed_close_leaves_its_period_due_without_a_violation(world, db):
 
 def test_declined_close_that_did_not_advance_the_period_is_found(world, db):
     failed_close_of_the_next_period(world, PaymentAttempt.DECLINED)
-    DunningRun.objects.create(
-        tenant_id=world.acme,
-        livemode=False,
-        invoice_id=Invoice.objects.latest("period_start").id,
-        first_declined_at=timezone.now(),
-    )
     assert_only({"subscription_next_billing_at_last_period_end": [world.sub]})
 
 
@@ -761,14 +757,16 @@ def test_stale_claim_is_found_after_the_reaper_interval(world, db):
 
 
 def test_declined_invoice_without_dunning_is_found(world, db):
-    DunningRun.objects.filter(invoice_id=world.declined).delete()
+    run = DunningRun.objects.get(invoice_id=world.declined)
+    Event.objects.filter(data__id=run.id).delete()  # its dunning.* events go with it
+    run.delete()
     assert_only({"declined_invoice_has_dunning_run": [world.declined]})
 
 
 def test_active_dunning_on_a_paid_invoice_is_found(world, db):
-    run = DunningRun.objects.create(
-        tenant_id=world.acme, livemode=False, invoice_id=world.paid, first_declined_at=timezone.now()
-    )
+    from dunning.services import start_dunning
+
+    run = start_dunning(Invoice.objects.get(pk=world.paid), declined_at=timezone.now(), decline_code="")
     found = assert_only({"dunning_run_matches_invoice": [run.id]})
     assert "active dunning run for paid invoice" in found["dunning_run_matches_invoice"].examples[0]
 

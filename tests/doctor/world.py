@@ -33,7 +33,7 @@ from billing.models import (
 )
 from billing.periods import period_bounds
 from billing.representations import customer_data, invoice_data, ledger_entry_data, subscription_data
-from dunning.models import DunningRun
+from dunning import services as dunning_services
 from hardcount.ids import PREFIXES, _encode
 from hardcount.models import Tenant
 from leases.models import LeaderLease
@@ -196,6 +196,8 @@ class Book:
             self.event("invoice.paid", invoice_data(inv))
         elif outcome == PaymentAttempt.DECLINED:
             self.event("invoice.payment_failed", invoice_data(inv))
+            # As billing's record step does: the decline opens (or moves on) the invoice's dunning run.
+            dunning_services.start_dunning(inv, declined_at=inv.period_start, decline_code=decline_code)
         return attempt
 
     def void(self, inv: Invoice) -> None:
@@ -262,15 +264,6 @@ def build_world() -> SimpleNamespace:
         book.attempt(paid, PaymentAttempt.SUCCEEDED)
         declined = book.invoice(sub, 1, tax_bps=1000)
         book.attempt(declined, PaymentAttempt.DECLINED, decline_code="insufficient_funds")
-        DunningRun.objects.create(
-            tenant=acme,
-            livemode=False,
-            invoice=declined,
-            first_declined_at=declined.period_start,
-            next_attempt_at=declined.period_start + timedelta(days=3),
-            retries_done=1,
-            last_decline_code="insufficient_funds",
-        )
         book.attempt(declined, PaymentAttempt.DECLINED, decline_code="insufficient_funds")
         sub.status = Subscription.PAST_DUE
         sub.save()
