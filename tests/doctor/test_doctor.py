@@ -133,6 +133,18 @@ def test_command_runs_only_the_named_checks(world, db):
     assert [r["name"] for r in json.loads(out.getvalue())["results"]] == ["invoice_one_per_period"]
 
 
+def test_command_passes_the_unknown_payment_window(world, db):
+    attempt = PaymentAttempt.objects.get(invoice_id=world.declined, attempt_number=2)
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(
+        outcome=PaymentAttempt.UNKNOWN, started_at=timezone.now() - timedelta(minutes=10)
+    )
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exit_info:
+        call_command("doctor", "--unknown-after", "300", "--check", "payment_outcome_not_left_unknown", stdout=out)
+    assert exit_info.value.code == 1
+    assert attempt.id in out.getvalue()
+
+
 def test_command_refuses_an_unknown_check(world, db):
     from django.core.management.base import CommandError
 

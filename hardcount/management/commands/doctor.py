@@ -38,6 +38,13 @@ class Command(BaseCommand):
             help="how long an expired delivery claim may wait for the reaper (default 60)",
         )
         parser.add_argument(
+            "--unknown-after",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="how long a payment outcome may stay unknown (default 5 × the gateway timeout + the billing interval)",
+        )
+        parser.add_argument(
             "--examples", type=int, default=5, metavar="N", help="example ids shown per failing check (default 5)"
         )
         parser.add_argument(
@@ -71,6 +78,7 @@ class Command(BaseCommand):
             using=options["database"],
             names=options["checks"],
             reaper_interval_s=options["reaper_interval"],
+            unknown_after_s=options["unknown_after"],
             max_examples=options["examples"],
         )
         if options["gateway"]:
