@@ -11,7 +11,9 @@ Idempotency keys (SPEC §4), all derived from Hardcount ids so a crashed process
 - ``hc:{invoice_id}:create`` creates and confirms the invoice's one PaymentIntent;
 - ``hc:{invoice_id}:attempt:{n}`` confirms it again for payment attempt ``n`` (a ladder or
   dunning retry), so a retry really reaches the card instead of replaying the first decline;
-- ``hc:{customer_id}:customer`` creates the gateway customer, lazily, on the first charge;
+- ``hc:{customer_id}:customer:{digest}`` creates the gateway customer, lazily, on the first
+  charge (``digest`` hashes the body, so an email changed after a lost answer cannot make the
+  key unusable; the worst case is an orphan gateway customer);
 - ``hc:{customer_id}:attach:{pm}`` attaches a payment method to it.
 
 Outcomes of a charge, told apart by the exception classes the library raises:
@@ -30,6 +32,8 @@ Amounts go to Stripe exactly as stored: integer minor units, so 1000 JPY is ``am
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -122,13 +126,14 @@ class Gateway:
         """The gateway customer id for ``req``'s customer, creating it (idempotently) when missing."""
         if req.gateway_customer_id:
             return req.gateway_customer_id
+        params = {
+            "email": req.customer_email,
+            "name": req.customer_name or req.customer_email,
+            "metadata": {"hardcount_customer": req.customer_id, "hardcount_tenant": req.tenant_id},
+        }
+        digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
         customer = self._client.v1.customers.create(
-            params={
-                "email": req.customer_email,
-                "name": req.customer_name or req.customer_email,
-                "metadata": {"hardcount_customer": req.customer_id, "hardcount_tenant": req.tenant_id},
-            },
-            options={"idempotency_key": f"hc:{req.customer_id}:customer"},
+            params=params, options={"idempotency_key": f"hc:{req.customer_id}:customer:{digest}"}
         )
         return customer.id
 
