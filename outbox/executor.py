@@ -330,7 +330,7 @@ class Executor:
                 self._listening = asyncio.Event()
                 helpers.append(asyncio.create_task(self._listen_loop()))
                 # Ready once LISTEN is in place, so a delivery committed after start() wakes us.
-                await self._wait(self._listening, 5.0)
+                await self._wait(self._listening, 10.0)
             self._ready.set()
             try:
                 await self._dispatch_loop()

@@ -102,7 +102,7 @@ class Receiver:
         with self.lock:
             return [r for r in self.requests if path is None or r.path == path]
 
-    def wait_for(self, count: int, path: str | None = None, timeout_s: float = 10) -> list[Received]:
+    def wait_for(self, count: int, path: str | None = None, timeout_s: float = 20) -> list[Received]:
         deadline = time.monotonic() + timeout_s
         with self.lock:
             while sum(1 for r in self.requests if path is None or r.path == path) < count:
@@ -124,7 +124,7 @@ def receiver():
     r.close()
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float = 10, what: str = "condition"):
+def wait_until(predicate: Callable[[], object], timeout_s: float = 20, what: str = "condition"):
     """Poll ``predicate`` (every 20 ms) until it returns a truthy value; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:

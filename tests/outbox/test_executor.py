@@ -333,5 +333,6 @@ def test_inserted_deliveries_wake_an_idle_executor_without_waiting_for_the_poll(
     make_endpoint(tenant_t, receiver.url("/ok"))
     make_executor(poll_interval_s=60.0)
     emit(tenant_t)  # commits a delivery: the insert trigger NOTIFYs outbox_delivery
-    receiver.wait_for(1, "/ok", timeout_s=5)
-    wait_until(_settled, timeout_s=5, what="delivered long before the 60 s poll")
+    # Generous bounds for a loaded machine, still far below the 60 s poll.
+    receiver.wait_for(1, "/ok", timeout_s=20)
+    wait_until(_settled, timeout_s=20, what="delivered long before the 60 s poll")
