@@ -184,12 +184,12 @@ def test_hanging_receiver_times_out_and_is_retried(tenant_t, receiver, make_exec
     make_endpoint(tenant_t, receiver.url("/hang"))
     emit(tenant_t)
     try:
-        make_executor(timeout_s=0.5, renew_interval_s=0.1)
+        make_executor(timeout_s=1.0, renew_interval_s=0.1)
         d = wait_until(lambda: Delivery.objects.filter(status="retrying").first(), what="timeout recorded")
         attempt = DeliveryAttempt.objects.get(delivery=d)
         assert attempt.outcome == "retryable" and attempt.status_code is None
-        assert "timed out after 0.5 s" in attempt.error
-        assert attempt.latency_ms >= 450
+        assert "timed out after 1 s" in attempt.error
+        assert attempt.latency_ms >= 950
         Delivery.objects.filter(id=d.id).update(fire_after=Now())
         wait_until(lambda: _settled(d.id), what="second attempt succeeded")
         assert Delivery.objects.get(id=d.id).status == "succeeded"
