@@ -10,6 +10,8 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways t
    intent with a payment method, which is how every retry of an invoice reaches the card.
 2. A card error on a PaymentIntent carries only ``code`` and ``charge``; Stripe also sends
    ``decline_code`` and the ``payment_intent`` object.
+3. A declined attach (Stripe's decline test cards, e.g. ``4000000000009979``) carries no
+   ``decline_code``; Stripe sends the card's (``stolen_card``, ``lost_card``, …).
 
 :func:`apply_localstripe_fixes` patches localstripe's classes in the process that serves it so
 it behaves as Stripe does in those two respects. :func:`main` serves an in-memory localstripe
@@ -21,6 +23,19 @@ from __future__ import annotations
 
 import argparse
 import socket
+
+# Stripe's test cards that are declined, with the decline code Stripe gives them
+# (https://docs.stripe.com/testing#declined-payments).
+DECLINE_CODES_OF_TEST_CARDS = {
+    "4000000000000002": "generic_decline",
+    "4000000000009995": "insufficient_funds",
+    "4000000000009987": "lost_card",
+    "4000000000009979": "stolen_card",
+    "4000000000000069": "expired_card",
+    "4000000000000127": "incorrect_cvc",
+    "4000000000000119": "processing_error",
+    "4242424242424241": "incorrect_number",
+}
 
 
 def apply_localstripe_fixes() -> None:
@@ -70,13 +85,29 @@ def apply_localstripe_fixes() -> None:
             exc.body["error"]["payment_intent"] = self._export()
             raise
 
+    pm_cls = resources.PaymentMethod
+    original_attach = pm_cls._api_attach.__func__
+
+    def _api_attach(cls, id, customer=None, **kwargs):
+        try:
+            return original_attach(cls, id, customer=customer, **kwargs)
+        except UserError as exc:
+            # Fix 3: Stripe's decline test cards carry their decline code (dunning tells hard declines by it).
+            error = exc.body.get("error", {})
+            if error.get("code") == "card_declined":
+                number = getattr(resources.PaymentMethod._api_retrieve(id), "_card_number", "")
+                error.setdefault("decline_code", DECLINE_CODES_OF_TEST_CARDS.get(number, "generic_decline"))
+            raise
+
     pi_cls._api_confirm = classmethod(_api_confirm)
     pi_cls._report_failure = _report_failure
-    # The route table captured the original bound method: point it at the fixed one.
-    resources.extra_apis[:] = [
-        (method, url, pi_cls._api_confirm if url == "/v1/payment_intents/{id}/confirm" else func)
-        for method, url, func in resources.extra_apis
-    ]
+    pm_cls._api_attach = classmethod(_api_attach)
+    # The route table captured the original bound methods: point it at the fixed ones.
+    fixed_routes = {
+        "/v1/payment_intents/{id}/confirm": pi_cls._api_confirm,
+        "/v1/payment_methods/{id}/attach": pm_cls._api_attach,
+    }
+    resources.extra_apis[:] = [(method, url, fixed_routes.get(url, func)) for method, url, func in resources.extra_apis]
     pi_cls._hardcount_fixed = True
 
 

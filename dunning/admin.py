@@ -1,8 +1,14 @@
-"""Operators' admin for dunning: read-only settings and runs."""
+"""Operators' admin for dunning: the policy per tenant and mode, and runs by state with their attempts.
+
+Read-only, like every model here: runs change through the dunning loop and the API, which emit
+their events. A run's payment attempts are its invoice's (the same rows the invoice page shows).
+"""
 
 from django.contrib import admin
+from django.utils.html import format_html, format_html_join
 
 from dunning.models import DunningRun, DunningSettings
+from dunning.schedule import next_retry_at
 from hardcount.admin import ReadOnlyAdmin
 
 
@@ -18,10 +24,45 @@ class DunningRunAdmin(ReadOnlyAdmin):
         "id",
         "invoice",
         "status",
+        "end_reason",
         "retries_done",
-        "next_attempt_at",
+        "next_retry",
         "waiting_for_payment_method",
+        "last_decline_code",
         "tenant",
+        "livemode",
     )
-    list_filter = ("livemode", "status", "waiting_for_payment_method")
-    search_fields = ("id", "invoice__id")
+    list_filter = ("status", "end_reason", "waiting_for_payment_method", "livemode")
+    search_fields = ("id", "invoice__id", "invoice__customer__id", "tenant__id")
+    ordering = ("-created_at",)
+    readonly_fields = ("payment_attempts",)
+
+    @admin.display(description="next retry")
+    def next_retry(self, run: DunningRun):
+        return next_retry_at(run)
+
+    @admin.display(description="payment attempts")
+    def payment_attempts(self, run: DunningRun):
+        attempts = run.invoice.payment_attempts.order_by("attempt_number")
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    a.attempt_number,
+                    a.started_at,
+                    a.outcome,
+                    a.amount,
+                    a.currency,
+                    a.decline_code or "—",
+                    a.payment_method or "—",
+                    a.idempotency_key or "—",
+                )
+                for a in attempts
+            ),
+        )
+        return format_html(
+            "<table><tr><th>#</th><th>started</th><th>outcome</th><th>amount</th><th>decline code</th>"
+            "<th>payment method</th><th>idempotency key</th></tr>{}</table>",
+            rows,
+        )

@@ -1,7 +1,10 @@
 """The ``dunning`` role (SPEC §5): retries of declined invoices, one replica at a time.
 
-A stub for now: the tick does nothing. The dunning issue fills it with the claim of due
-dunning runs (``SELECT … FOR UPDATE SKIP LOCKED``), each retry under ``ctx.fence``.
+A tick, under the ``dunning`` lease: the live-mode pass, then the test-mode pass, over
+wall-clock runs (a test clock's runs are due by its advance). Each pass claims due runs
+``FOR UPDATE SKIP LOCKED`` and retries or settles them (:mod:`dunning.retries`); every write
+is checked against ``ctx.fence``, and a lost lease or a stop request ends the tick at the next
+safe point (before the next page or run).
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from typing import Any
 
 from django.conf import settings
 
+from dunning.services import process_due
 from hardcount.scheduler import TickContext
+
+MODES = ((True, "live"), (False, "test"))
 
 
 class DunningRole:
@@ -23,5 +29,9 @@ class DunningRole:
         return settings.HARDCOUNT_DUNNING_INTERVAL_S
 
     def tick(self, ctx: TickContext) -> dict[str, Any]:
-        """Nothing to do yet; returns no counts."""
-        return {}
+        """One pass per mode; returns the number of runs acted on per mode, for the log line."""
+        counts: dict[str, Any] = {}
+        for livemode, mode in MODES:
+            counts[f"{mode}_runs"] = process_due(livemode=livemode, fence=ctx.fence)
+            ctx.stamp()
+        return counts

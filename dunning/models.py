@@ -1,4 +1,4 @@
-"""Dunning: retry schedules for declined invoices, and their runs."""
+"""Dunning: retry schedules for declined invoices, and their runs (SPEC §5)."""
 
 from django.db import models
 from django.utils import timezone
@@ -6,15 +6,26 @@ from django.utils import timezone
 from hardcount.ids import id_field
 from hardcount.models import TenantScoped
 
+# Retry 1, 3, 5 and 7 days after the first decline (SPEC §5).
+DEFAULT_RETRY_DAYS = (1, 3, 5, 7)
+
+
+def default_retry_days() -> list[int]:
+    """A fresh list of :data:`DEFAULT_RETRY_DAYS` (a callable default: a shared list would be mutated)."""
+    return list(DEFAULT_RETRY_DAYS)
+
 
 class DunningSettings(TenantScoped):
     """A tenant's dunning policy per mode: retry ``retry_days`` after the first decline,
-    then apply ``final_action`` (``unpaid`` or ``canceled``) to the subscription."""
+    then apply ``final_action`` (``unpaid`` or ``canceled``) to the subscription.
+
+    No row means the defaults (:data:`DEFAULT_RETRY_DAYS`, ``unpaid``).
+    """
 
     UNPAID, CANCELED = "unpaid", "canceled"
     FINAL_ACTION_CHOICES = [(UNPAID, UNPAID), (CANCELED, CANCELED)]
 
-    retry_days = models.JSONField(default=list)
+    retry_days = models.JSONField(default=default_retry_days)
     final_action = models.CharField(max_length=16, choices=FINAL_ACTION_CHOICES, default=UNPAID)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -24,24 +35,78 @@ class DunningSettings(TenantScoped):
 
 
 class DunningRun(TenantScoped):
-    """Retries of one declined invoice. ``next_attempt_at`` is when the next retry is due;
-    a hard decline sets ``waiting_for_payment_method`` until the customer's method changes."""
+    """Retries of one declined invoice (docs/decisions/0070).
+
+    Retry k (1 ≤ k ≤ n = len(``retry_days``)) is due at ``schedule_anchor_at + retry_days[k-1]``
+    days; the anchor is the first decline, moved only when a new payment method revives a run
+    whose next retry time has passed. ``retries_done`` counts the scheduled retries started;
+    ``attempt_started_at`` is set while the latest retry has no definite outcome yet (declined or
+    succeeded), so a retry that crashed or met a gateway error is resumed without using up
+    another scheduled retry. ``next_attempt_at`` is when the dunning loop next acts on the run:
+    a retry, or the end state (exhaustion). A hard decline sets ``waiting_for_payment_method``:
+    no charge until the customer's payment method changes, and exhaustion at the last retry's
+    time if it never does. ``test_clock`` is the invoice's clock (its runs are due by the clock).
+    """
 
     ACTIVE, RECOVERED, EXHAUSTED, ENDED = "active", "recovered", "exhausted", "ended"
     STATUS_CHOICES = [(s, s) for s in (ACTIVE, RECOVERED, EXHAUSTED, ENDED)]
 
+    # Why a run is no longer active.
+    RETRY_SUCCEEDED = "retry_succeeded"  # recovered by one of its retries
+    PAID = "paid"  # recovered by another payment (POST /v1/invoices/{id}/pay, the reconciler)
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    NO_NEW_PAYMENT_METHOD = "no_new_payment_method"  # hard decline, no new method before the last retry's time
+    VOIDED = "voided"
+    SUBSCRIPTION_CANCELED = "subscription_canceled"
+    INVOICE_SETTLED = "invoice_settled"  # the invoice left `open` some other way
+    END_REASON_CHOICES = [
+        (s, s)
+        for s in (
+            RETRY_SUCCEEDED,
+            PAID,
+            RETRIES_EXHAUSTED,
+            NO_NEW_PAYMENT_METHOD,
+            VOIDED,
+            SUBSCRIPTION_CANCELED,
+            INVOICE_SETTLED,
+        )
+    ]
+
     id = id_field("dunning_run")
     invoice = models.OneToOneField("billing.Invoice", on_delete=models.PROTECT, related_name="dunning_run")
+    test_clock = models.ForeignKey(
+        "billing.TestClock", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=ACTIVE)
+    end_reason = models.CharField(max_length=32, choices=END_REASON_CHOICES, blank=True, default="")
     first_declined_at = models.DateTimeField()
+    # The schedule, frozen when the run starts: days after the anchor, strictly increasing.
+    retry_days = models.JSONField(default=default_retry_days)
+    schedule_anchor_at = models.DateTimeField()
     retries_done = models.PositiveSmallIntegerField(default=0)
+    attempt_started_at = models.DateTimeField(null=True, blank=True)
+    # Set by a payment-method change: retry at once (docs/decisions/0071).
+    retry_requested_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     waiting_for_payment_method = models.BooleanField(default=False)
     last_decline_code = models.CharField(max_length=100, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
-            models.Index(fields=["next_attempt_at"], name="dunning_due_idx", condition=models.Q(status="active"))
+            models.Index(fields=["next_attempt_at"], name="dunning_due_idx", condition=models.Q(status="active")),
+            models.Index(fields=["tenant", "livemode", "status"], name="dunning_run_status_idx"),
         ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(status="active", ended_at__isnull=True)
+                | (~models.Q(status="active") & models.Q(ended_at__isnull=False)),
+                name="dunning_run_ended_at_iff_not_active",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id

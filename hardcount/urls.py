@@ -19,6 +19,7 @@ urlpatterns = [
     ),
     path("v1/", include("billing.urls")),
     path("v1/", include("outbox.urls")),
+    path("v1/", include("dunning.urls")),
     path("admin/", admin.site.urls),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),

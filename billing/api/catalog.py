@@ -11,6 +11,7 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from billing import serializers as s
+from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog
@@ -57,7 +58,7 @@ class CustomerListView(ApiView):
         return self.paginate(customers, customer_data, query, kind="customer")
 
 
-class CustomerDetailView(ApiView):
+class CustomerDetailView(CustomerUpdateMixin, ApiView):
     @extend_schema(
         operation_id="customers_retrieve",
         summary="Retrieve a customer",

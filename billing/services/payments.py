@@ -31,7 +31,7 @@ from billing import gateway as gw
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.periods import period_start
 from billing.queries import database_now, record_billing_failure
-from billing.representations import invoice_data, subscription_data
+from billing.representations import invoice_data, iso, subscription_data
 from billing.services.ledger import carry_debit_locked
 from dunning import services as dunning_services
 from hardcount.errors import StateConflictError
@@ -449,14 +449,19 @@ def record_outcome(
             outcome = Outcome("declined", invoice.id, error=f"declined: {result.decline_code}")
             invoice.attempt_count += 1
             invoice.save(update_fields=["attempt_count"])
+            act_on_declined_locked(subscription, invoice, now=now, decline_code=result.decline_code)
+            # After dunning took the decline, so the event says when the next retry is (Stripe's
+            # next_payment_attempt; null when none is scheduled).
             emit_event(
                 tenant_id=invoice.tenant_id,
                 livemode=invoice.livemode,
                 type="invoice.payment_failed",
-                data=invoice_data(invoice),
+                data={
+                    **invoice_data(invoice),
+                    "next_payment_attempt": iso(dunning_services.next_payment_attempt(invoice.id)),
+                },
                 created_at=now,
             )
-            act_on_declined_locked(subscription, invoice, now=now, decline_code=result.decline_code)
         else:
             error = f"{result.outcome}: {result.error_message}"
             outcome = Outcome("failed", invoice.id, error=error)

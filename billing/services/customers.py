@@ -1,0 +1,63 @@
+"""Changing a customer: ``POST /v1/customers/{id}`` (docs/decisions/0071).
+
+A new default payment method is the customer's answer to a declined invoice: each of the
+customer's dunning runs retries at once with it (:func:`dunning.services.payment_method_changed`,
+SPEC §5: "a hard decline is not retried until the customer's payment method changes"), in the
+same transaction as the change.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from billing.models import Customer
+from billing.representations import customer_data
+from billing.services.catalog import billing_now
+from dunning import services as dunning_services
+from hardcount.errors import NotFoundError
+from outbox.services import emit_event
+
+UPDATABLE_FIELDS = ("email", "name", "external_id", "default_payment_method", "metadata")
+
+
+def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **changes) -> Customer:
+    """Change the given fields of a customer (``email``, ``name``, ``external_id``,
+    ``default_payment_method``, ``metadata``; ``metadata`` replaces the whole set); returns it.
+
+    Emits ``customer.updated`` when something changed (nothing is written otherwise). A changed
+    ``default_payment_method`` makes the customer's active dunning runs due at once. Raises
+    :class:`~hardcount.errors.NotFoundError` for a customer not of the caller's tenant and mode,
+    ``TypeError`` for a field that cannot be changed.
+    """
+    unknown = set(changes) - set(UPDATABLE_FIELDS)
+    if unknown:
+        raise TypeError(f"cannot update customer fields {sorted(unknown)}")
+    with transaction.atomic():
+        customer = (
+            Customer.objects.select_for_update()
+            .select_related("test_clock")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
+            .first()
+        )
+        if customer is None:
+            raise NotFoundError(f"No such customer: '{customer_id}'.", param="id")
+        changed = [name for name, value in changes.items() if getattr(customer, name) != value]
+        if not changed:
+            return customer
+        for name in changed:
+            setattr(customer, name, changes[name])
+        customer.save(update_fields=changed)
+        now = billing_now(customer.test_clock)
+        emit_event(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            type="customer.updated",
+            data=customer_data(customer),
+            created_at=now,
+        )
+        if "default_payment_method" in changed and customer.default_payment_method:
+            dunning_services.payment_method_changed(customer.id, at=now)
+    return customer
+
+
+__all__ = ["UPDATABLE_FIELDS", "update_customer"]
