@@ -336,3 +336,29 @@ def test_inserted_deliveries_wake_an_idle_executor_without_waiting_for_the_poll(
     # Generous bounds for a loaded machine, still far below the 60 s poll.
     receiver.wait_for(1, "/ok", timeout_s=20)
     wait_until(_settled, timeout_s=20, what="delivered long before the 60 s poll")
+
+
+def test_answer_arriving_after_the_claim_was_taken_over_is_discarded(tenant_t, receiver, make_executor):
+    from django.db import connections
+
+    def taken_over_while_answering(r, n):
+        # Another executor reclaims the row while this request is in flight; then we answer 200.
+        Delivery.objects.filter(id=r.headers["hardcount-delivery-id"]).update(
+            claimed_by="other-replica/claim", claim_expires_at=Now() + timedelta(minutes=5), attempts=2
+        )
+        connections.close_all()
+        return Answer(200, b"ok")
+
+    receiver.behave("/hook", taken_over_while_answering)
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    emit(tenant_t)
+    executor = make_executor(renew_interval_s=30.0)  # the renewer does not get a say: the write is refused
+    wait_until(lambda: executor.stats["lease_lost"] == 1, what="the finishing write refused")
+    d = Delivery.objects.get()
+    assert (d.status, d.claimed_by, d.attempts) == ("pending", "other-replica/claim", 2)
+    assert DeliveryAttempt.objects.count() == 0
+    assert executor.stats["succeeded"] == 0
+    # The imaginary other replica hands the row back (after ours has stopped), so the doctor's
+    # checks at the end see a consistent queue.
+    executor.stop()
+    Delivery.objects.filter(id=d.id).update(claimed_by=None, claim_expires_at=None, attempts=0)
