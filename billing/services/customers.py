@@ -34,7 +34,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
         raise TypeError(f"cannot update customer fields {sorted(unknown)}")
     with transaction.atomic():
         customer = (
-            Customer.objects.select_for_update()
+            Customer.objects.select_for_update(of=("self",))
             .select_related("test_clock")
             .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
             .first()

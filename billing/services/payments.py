@@ -156,11 +156,24 @@ def reserve_attempt_locked(invoice: Invoice, customer: Customer, *, now: datetim
             error_message="The customer has no default payment method.",
         )
         return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, None, known_result=known)
-    attempt.idempotency_key = (
-        gw.attempt_key(invoice.id, number) if invoice.payment_intent_id else gw.create_key(invoice.id)
-    )
+    attempt.idempotency_key = _new_attempt_key(invoice, number)
     attempt.save(force_insert=True)
     return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, _request(invoice, customer, attempt))
+
+
+def _new_attempt_key(invoice: Invoice, number: int) -> str:
+    """The key of new attempt ``number``: confirm the invoice's PaymentIntent, or create it.
+
+    The create key is ``hc:{invoice}:create``, unless an earlier attempt took it without a
+    PaymentIntent coming of it (its card was declined when attached, before the create request):
+    that key stays bound to the earlier body (another payment method), so this attempt creates
+    under ``hc:{invoice}:create:{n}``. Still one PaymentIntent per invoice: none exists yet.
+    """
+    if invoice.payment_intent_id:
+        return gw.attempt_key(invoice.id, number)
+    if invoice.payment_attempts.filter(idempotency_key=gw.create_key(invoice.id)).exists():
+        return f"{gw.create_key(invoice.id)}:{number}"
+    return gw.create_key(invoice.id)
 
 
 def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> gw.ChargeRequest:
@@ -177,7 +190,9 @@ def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> g
         amount=attempt.amount,
         currency=attempt.currency,
         idempotency_key=attempt.idempotency_key,
-        payment_intent_id=attempt.payment_intent_id if attempt.idempotency_key != gw.create_key(invoice.id) else "",
+        payment_intent_id=""
+        if attempt.idempotency_key.startswith(gw.create_key(invoice.id))
+        else attempt.payment_intent_id,
         tenant_id=invoice.tenant_id,
     )
 
