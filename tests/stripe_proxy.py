@@ -76,7 +76,8 @@ class _Fault:
 @dataclass
 class LogEntry:
     """What the proxy did with one request: ``action`` is ``forwarded``, ``replayed``,
-    ``conflict``, ``in_flight`` or a fault kind; ``status`` what the client got (None: nothing)."""
+    ``conflict``, ``in_flight``, ``truncated`` (the body never fully arrived: dropped unforwarded)
+    or a fault kind; ``status`` what the client got (None: nothing)."""
 
     request: ProxyRequest
     action: str
@@ -222,6 +223,13 @@ class StripeProxy:
         body = handler.rfile.read(length) if length else b""
         key = handler.headers.get("Idempotency-Key")
         req = ProxyRequest(handler.command, handler.path, body, key if handler.command == "POST" else None)
+        if len(body) < length:
+            # The client died while sending (e.g. SIGKILLed between headers and body): like any
+            # HTTP server, Stripe never runs a request whose body did not arrive, and stores
+            # nothing under its key.
+            self._record(LogEntry(req, "truncated", None))
+            handler.close_connection = True
+            return
 
         fault = self._take_fault(req)
         if fault and fault.kind in ("500", "429"):
