@@ -29,7 +29,11 @@ class Event(TenantScoped):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant", "livemode", "type"], name="event_type_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "livemode", "type"], name="event_type_idx"),
+            # The operators' admin: events of one type across tenants, newest first (docs/decisions/0110).
+            models.Index(fields=["type", "sequence"], name="event_admin_type_idx"),
+        ]
 
 
 class WebhookEndpoint(TenantScoped):
@@ -90,6 +94,8 @@ class Delivery(models.Model):
                 name="delivery_claimed_idx",
                 condition=models.Q(status__in=["pending", "retrying"], claim_expires_at__isnull=False),
             ),
+            # The operators' admin: failed deliveries (the ones to replay), newest first (docs/decisions/0110).
+            models.Index(fields=["id"], name="delivery_failed_idx", condition=models.Q(status="failed")),
         ]
 
 

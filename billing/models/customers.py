@@ -1,6 +1,7 @@
 """Customers and prices."""
 
 from django.db import models
+from django.db.models.functions import Upper
 
 from hardcount.ids import id_field
 from hardcount.models import TenantScoped
@@ -40,6 +41,11 @@ class Customer(TenantScoped):
         indexes = [
             models.Index(fields=["tenant", "livemode", "email"], name="customer_email_idx"),
             models.Index(fields=["tenant", "livemode", "external_id"], name="customer_external_idx"),
+            # The operators' admin searches customers across tenants (docs/decisions/0110): by email in
+            # any case (``email__iexact`` is ``UPPER(email) = UPPER(…)``), external id and gateway id.
+            models.Index(Upper("email"), name="customer_email_upper_idx"),
+            models.Index(fields=["external_id"], name="customer_external_id_idx"),
+            models.Index(fields=["gateway_customer_id"], name="customer_gateway_id_idx"),
         ]
 
     def __str__(self) -> str:

@@ -72,6 +72,11 @@ class Invoice(TenantScoped):
             models.Index(
                 fields=["tax_status"], name="invoice_tax_pending_idx", condition=models.Q(tax_status="pending")
             ),
+            # The operators' admin (docs/decisions/0110): the status filter newest first, and search by
+            # number or PaymentIntent across tenants.
+            models.Index(fields=["status", "id"], name="invoice_admin_status_idx"),
+            models.Index(fields=["number"], name="invoice_number_idx"),
+            models.Index(fields=["payment_intent_id"], name="invoice_payment_intent_idx"),
         ]
 
     def __str__(self) -> str:

@@ -69,6 +69,8 @@ class Subscription(TenantScoped):
                 name="subscription_parked_idx",
                 condition=models.Q(billing_parked_at__isnull=False),
             ),
+            # The admin's status filter, newest first (docs/decisions/0110).
+            models.Index(fields=["status", "id"], name="subscription_admin_status_idx"),
         ]
 
     def __str__(self) -> str:
