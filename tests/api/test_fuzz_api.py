@@ -46,8 +46,15 @@ _unique = itertools.count()
 
 
 def _is_integral_float(case, param) -> bool:
-    body = case.body if isinstance(case.body, dict) else {}
-    value = body.get(param)
+    # ``param`` may point inside the body: "retry_days.0" is the first entry of the retry_days array.
+    value = case.body
+    for part in (param or "").split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return False
     return isinstance(value, float) and value.is_integer()
 
 
