@@ -119,6 +119,50 @@ def _keep_store_in_memory() -> None:
     resources.Store.try_load_from_disk = lambda self: None
 
 
+def _index_store_by_type() -> None:
+    """localstripe lists a type's objects by scanning its whole store, and it renders every Charge
+    with its refunds listed that way: each request slows as the store grows (a PaymentIntent
+    takes ~35 ms after 1 200 charges instead of 4). Keep a per-type index and list from it, in
+    the same (insertion) order."""
+    from localstripe import resources
+    from localstripe.errors import UserError
+
+    store_cls = resources.Store
+    if getattr(store_cls, "_hardcount_indexed", False):
+        return
+    set_item, del_item = store_cls.__setitem__, store_cls.__delitem__
+
+    def index(store) -> dict[str, dict]:
+        by_type = store.__dict__.get("_by_type")
+        if by_type is None:
+            by_type = store.__dict__["_by_type"] = {}
+            for key, value in dict.items(store):
+                if ":" in key:
+                    by_type.setdefault(key.split(":", 1)[0], {})[key] = value
+        return by_type
+
+    def setitem(self, key, value):
+        set_item(self, key, value)
+        if ":" in key:
+            index(self).setdefault(key.split(":", 1)[0], {})[key] = value
+
+    def delitem(self, key):
+        del_item(self, key)
+        index(self).get(key.split(":", 1)[0], {}).pop(key, None)
+
+    def list_all(cls, url, limit=None, starting_after=None, **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        li = resources.List(url, limit=limit, starting_after=starting_after)
+        li._list = list(index(resources.store).get(cls.object, {}).values())
+        return li
+
+    store_cls.__setitem__ = setitem
+    store_cls.__delitem__ = delitem
+    resources.StripeObject._api_list_all = classmethod(list_all)
+    store_cls._hardcount_indexed = True
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve a fixed, in-memory localstripe on ``127.0.0.1:<port>`` until killed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -129,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     _keep_store_in_memory()
+    _index_store_by_type()
     apply_localstripe_fixes()
     # Imported after the fixes: the server registers routes from resources.extra_apis at import.
     from aiohttp import web
