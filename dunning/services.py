@@ -307,16 +307,17 @@ def process_due(
     return retries.process_due(livemode=livemode, as_of=as_of, test_clock_id=test_clock_id, fence=fence, limit=limit)
 
 
-def next_due_at(*, test_clock_id: str) -> datetime | None:
-    """The earliest time a run on the test clock is due (for the clock's advance), or None."""
-    run = (
-        DunningRun.objects.filter(test_clock_id=test_clock_id, status=DunningRun.ACTIVE)
-        .exclude(next_attempt_at=None)
-        .order_by("next_attempt_at")
-        .only("next_attempt_at")
-        .first()
+def next_due_at(*, test_clock_id: str, livemode: bool = False, after: datetime | None = None) -> datetime | None:
+    """The earliest time an active run on the test clock is due (later than ``after`` if given), or None.
+
+    For the clock's advance (:mod:`billing.services.clocks`): it steps its time to each due instant.
+    """
+    runs = DunningRun.objects.filter(
+        test_clock_id=test_clock_id, livemode=livemode, status=DunningRun.ACTIVE, next_attempt_at__isnull=False
     )
-    return run.next_attempt_at if run is not None else None
+    if after is not None:
+        runs = runs.filter(next_attempt_at__gt=after)
+    return runs.order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
 
 
 __all__ = [

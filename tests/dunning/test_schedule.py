@@ -322,3 +322,23 @@ def test_wall_clock_passes_leave_test_clock_runs_to_their_clock(book, tenant, st
     assert (run.retries_done, run.next_attempt_at) == (1, frozen + 3 * DAY)
     assert events("invoice.payment_failed")[-1].created_at == frozen + DAY
     assert len(confirms(stripe_proxy)) == 1
+
+
+def test_a_test_clock_advance_takes_a_declining_card_through_its_schedule_to_the_final_action(book, tenant):
+    from datetime import UTC, datetime
+
+    from tests.clocks.helpers import advance, make_clock, subscribe
+    from tests.dunning.conftest import DECLINING_CARD
+
+    start = datetime(2030, 2, 27, 12, 0, tzinfo=UTC)  # the schedule crosses the end of February
+    clock = make_clock(tenant, start)
+    sub = subscribe(book, clock, card=DECLINING_CARD)
+
+    advance(clock, start + 8 * DAY)
+
+    invoice = Invoice.objects.get(subscription_id=sub.id)
+    run = DunningRun.objects.get(invoice=invoice)
+    assert [e.created_at for e in events("invoice.payment_failed")] == [start + d * DAY for d in (0, 1, 3, 5, 7)]
+    assert (invoice.status, invoice.marked_uncollectible_at) == ("uncollectible", start + 7 * DAY)
+    assert (run.status, run.ended_at) == ("exhausted", start + 7 * DAY)
+    assert Subscription.objects.get(pk=sub.id).status == "unpaid"
