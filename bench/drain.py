@@ -1,159 +1,536 @@
-"""How fast the billing drain closes due subscriptions, serial versus parallel closes.
+"""The billing drain on the demo book, against the SQL limit: subscriptions closed per second.
 
-    .venv/bin/python bench/drain.py [--subscriptions 400] [--latency-ms 50] [--concurrency 1 8] [--page-size 100]
+    .venv/bin/python bench/drain.py                       # the full run: 20,000 subscriptions (~25-40 min)
+    .venv/bin/python bench/drain.py --subscriptions 2000 --latency-subscriptions 200   # a quick run (~3 min)
+    .venv/bin/python bench/drain.py --modes a --concurrency 8 --profile a:8           # where the time goes
 
-Seeds a throw-away database (``bench_drain``, created and migrated, dropped at the end) with
-``--subscriptions`` due monthly subscriptions (one tenant, a card each), starts localstripe
-(``python -m billing.devstripe``) behind the test proxy (``tests/stripe_proxy.py``), which
-delays every PaymentIntent request by ``--latency-ms`` to stand in for Stripe's own latency,
-and runs one drain per ``--concurrency`` value on a fresh copy of the book. Each close makes
-three gateway requests the first time a customer is charged (customer, attach, PaymentIntent).
+Each figure bills a fresh copy of the same book: ``seed_demo`` (billing/seed.py) with
+``--subscriptions`` subscriptions and ``--seed``, seeded once into a template database on the
+embedded PostgreSQL (or ``DATABASE_URL``'s server) and cloned with ``CREATE DATABASE … TEMPLATE``
+before each run, so every run starts from the same rows. About 92% of the book is due (the
+rest is trialing); 3% of the cards decline and 1% fail at the gateway, as in the demo.
 
-Printed beside each figure: the limit serial closes cannot beat (one PaymentIntent latency per
-subscription: ``1000 / latency_ms`` per second), which is why closes run in parallel
-(``HARDCOUNT_BILLING_CONCURRENCY``, SPEC §4), and how many subscriptions one hourly tick then
-bills. localstripe is single-threaded, so at zero latency the fake gateway is the bottleneck.
+Figures, each at ``HARDCOUNT_BILLING_CONCURRENCY`` 1 and 8 (``--concurrency``), one drain
+(``drain_due``, every tenant, test mode, page size 100) per figure:
+
+- (a) an instant gateway stub inside the process (no HTTP: the drain's own cost);
+- (b) the real ``stripe`` library to localstripe (``python -m billing.devstripe``, restarted
+  for each run); the first charge of a customer is three requests (customer, attach,
+  PaymentIntent), as in production;
+- (c) the stub with 200 ms of latency per charge (``--latency-ms``), on a book of
+  ``--latency-subscriptions`` (serially, 200 ms × 20,000 would take 67 minutes).
+
+The SQL limit: the same number of minimal single-row close transactions (claim one due
+subscription with ``FOR UPDATE SKIP LOCKED``, insert its invoice, advance its period; commit)
+in plain SQL from 1 and from 4 connections (processes), on the same book. Every figure is
+printed as a ratio to the 4-connection limit, and the run ends with the issue's targets.
+
+``--profile MODE:CONCURRENCY`` samples that run with py-spy (every thread, 100 Hz) and prints
+where the time goes, by our own function and by library; the raw samples stay in
+``var/bench/``. Databases ``bench_drain_*`` are dropped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import multiprocessing
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
-os.environ.setdefault("HARDCOUNT_TEST_DB", "bench_drain")
-os.environ.setdefault("HARDCOUNT_LOG_LEVEL", "WARNING")
+os.environ.setdefault("HARDCOUNT_LOG_LEVEL", "ERROR")
 
 STRIPE_KEY = "sk_test_hardcount_localstripe"
+EMPTY_DB = "bench_drain_empty"
+BOOK_DB = "bench_drain_book"
+SMALL_BOOK_DB = "bench_drain_book_small"
+RUN_DB = "bench_drain_run"
+MODE_NAMES = {
+    "a": "(a) instant stub, in-process",
+    "b": "(b) stripe library -> localstripe",
+    "c": "(c) stub + {latency} ms per charge",
+}
 
 
-def _start_localstripe() -> tuple[subprocess.Popen, str]:
-    import socket
-
-    from tests.billing.conftest import _wait_for
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "billing.devstripe", "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_for(port, child)
-    return child, f"http://127.0.0.1:{port}"
+# --- databases -------------------------------------------------------------------------------------------------------
 
 
-def _seed(count: int, payment_method: str) -> str:
-    from billing.models import Customer, Price, Subscription
-    from billing.queries import database_now
+def _conninfo(dbname: str) -> dict:
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    info = {"dbname": dbname, "user": db.get("USER") or None, "host": db.get("HOST") or None}
+    if db.get("PORT"):
+        info["port"] = db["PORT"]
+    if db.get("PASSWORD"):
+        info["password"] = db["PASSWORD"]
+    return {k: v for k, v in info.items() if v is not None}
+
+
+def _admin(*statements: str) -> None:
+    """Run statements on the server's ``postgres`` database (CREATE/DROP DATABASE need autocommit)."""
+    import psycopg
+
+    with psycopg.connect(**_conninfo("postgres"), autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _use_database(name: str) -> None:
+    """Point Django's default connection (this thread's and every new one) at database ``name``."""
+    from django.conf import settings
+    from django.db import connections
+
+    connections.close_all()
+    settings.DATABASES["default"]["NAME"] = name
+    connections.settings["default"]["NAME"] = name
+    connections["default"].settings_dict["NAME"] = name
+
+
+def _clone(template: str, name: str) -> None:
+    from django.db import connections
+
+    connections.close_all()
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+
+
+def _make_book(name: str, subscriptions: int, seed: int) -> tuple[int, float]:
+    """Clone the migrated empty database into ``name`` and seed the demo book there; (due, seconds to seed)."""
+    from billing.seed import seed_demo_book
     from hardcount.models import Tenant
 
+    _clone(EMPTY_DB, name)
+    _use_database(name)
     tenant = Tenant.objects.create(name="Bench")
-    price = Price.objects.create(tenant=tenant, livemode=False, amount=1999, currency="usd", interval="month")
-    anchor = database_now() - timedelta(hours=1)
-    customers = Customer.objects.bulk_create(
-        Customer(
-            tenant=tenant,
-            livemode=False,
-            email=f"bench{i}@example.com",
-            default_payment_method=payment_method,
-            currency="usd",
-        )
-        for i in range(count)
+    started = time.perf_counter()
+    summary = seed_demo_book(
+        tenant_id=tenant.id, subscriptions=subscriptions, seed=seed, webhook_url="http://127.0.0.1:1/receiver"
     )
-    Subscription.objects.bulk_create(
-        Subscription(
-            tenant=tenant,
-            livemode=False,
-            customer=c,
-            price=price,
-            status="active",
-            billing_cycle_anchor=anchor,
-            next_billing_at=anchor,
+    elapsed = time.perf_counter() - started
+    _use_database("postgres")
+    return summary.due, elapsed
+
+
+def _prepare_empty() -> None:
+    from django.core.management import call_command
+
+    _admin(f'DROP DATABASE IF EXISTS "{EMPTY_DB}" WITH (FORCE)', f'CREATE DATABASE "{EMPTY_DB}"')
+    _use_database(EMPTY_DB)
+    call_command("migrate", verbosity=0, interactive=False)
+    _use_database("postgres")
+
+
+def _drop_all() -> None:
+    from django.db import connections
+
+    connections.close_all()
+    _admin(*(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)' for name in (RUN_DB, BOOK_DB, SMALL_BOOK_DB, EMPTY_DB)))
+
+
+# --- the SQL limit ---------------------------------------------------------------------------------------------------
+
+# The minimal close: the drain's claim predicate for one row, the invoice insert on the same unique
+# index, the period advance. One round trip each, as a client library sends them.
+CLAIM_ONE = """
+    SELECT s.id, s.tenant_id, s.customer_id, s.billing_cycle_anchor, s.periods_billed,
+           p.interval, p.interval_count, p.amount, p.currency
+    FROM billing_subscription s JOIN billing_price p ON p.id = s.price_id
+    WHERE s.livemode = false AND s.status IN ('trialing', 'active', 'past_due') AND s.billing_parked_at IS NULL
+      AND s.test_clock_id IS NULL AND s.next_billing_at <= now()
+      AND (s.next_billing_attempt_at IS NULL OR s.next_billing_attempt_at <= now())
+    ORDER BY s.next_billing_at LIMIT 1 FOR UPDATE OF s SKIP LOCKED
+"""
+INSERT_INVOICE = """
+    INSERT INTO billing_invoice (id, tenant_id, livemode, customer_id, subscription_id, status, currency,
+        period_start, period_end, subtotal, tax, tax_rate_bps, tax_status, credit_applied, total, amount_due,
+        amount_paid, payment_intent_id, attempt_count, created_at)
+    VALUES (%s, %s, false, %s, %s, 'open', %s, %s, %s, %s, 0, 0, 'not_applicable', 0, %s, %s, 0, '', 0, now())
+    ON CONFLICT DO NOTHING
+"""
+ADVANCE = "UPDATE billing_subscription SET periods_billed = %s, next_billing_at = %s, updated_at = now() WHERE id = %s"
+
+
+def _sql_worker(dbname: str, go, results) -> None:
+    import psycopg
+
+    from billing.periods import period_bounds
+    from hardcount.ids import new_id
+
+    done = 0
+    with psycopg.connect(**_conninfo(dbname)) as conn:
+        conn.execute("SELECT 1")
+        conn.commit()
+        go.wait()
+        while True:
+            row = conn.execute(CLAIM_ONE).fetchone()
+            if row is None:
+                conn.rollback()
+                break
+            sub_id, tenant_id, customer_id, anchor, n, interval, count, amount, currency = row
+            start, end = period_bounds(anchor, interval, count, n)
+            conn.execute(
+                INSERT_INVOICE,
+                (new_id("in"), tenant_id, customer_id, sub_id, currency, start, end, amount, amount, amount),
+            )
+            conn.execute(ADVANCE, (n + 1, end, sub_id))
+            conn.commit()
+            done += 1
+    results.put(done)
+
+
+def sql_limit(connections_count: int) -> tuple[int, float]:
+    """Minimal close transactions from ``connections_count`` processes until none is due; (closes, seconds)."""
+    from django.db import connections
+
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.Queue()
+    workers = [context.Process(target=_sql_worker, args=(RUN_DB, go, results)) for _ in range(connections_count)]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.0)  # let every worker connect before the clock starts
+    started = time.perf_counter()
+    go.set()
+    done = sum(results.get() for _ in workers)
+    elapsed = time.perf_counter() - started
+    for worker in workers:
+        worker.join()
+    return done, elapsed
+
+
+# --- gateways --------------------------------------------------------------------------------------------------------
+
+
+class StubGateway:
+    """A gateway that answers at once (or after ``latency_s``), as localstripe would for the demo's cards.
+
+    ``pm_card_chargeCustomerFail`` declines; an unknown ``pm_demo_unknown_…`` is a 404 error; anything
+    else succeeds. The sleep releases the GIL like a socket wait does.
+    """
+
+    def __init__(self, latency_s: float = 0.0):
+        self.latency_s = latency_s
+
+    def charge(self, req):
+        from billing import gateway as gw
+        from billing.seed import CARD_DECLINES, CARD_UNKNOWN_PREFIX
+
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        result = gw.ChargeResult(
+            outcome=gw.SUCCEEDED,
+            gateway_customer_id=req.gateway_customer_id or f"cus_stub_{req.customer_id}",
+            payment_method_attached=req.attach_payment_method,
+            payment_intent_id=req.payment_intent_id or f"pi_stub_{req.invoice_id}",
         )
-        for c in customers
-    )
-    return tenant.id
+        if req.payment_method == CARD_DECLINES:
+            result.outcome, result.decline_code, result.http_status = gw.DECLINED, "card_declined", 402
+        elif req.payment_method.startswith(CARD_UNKNOWN_PREFIX):
+            result.outcome, result.http_status, result.payment_intent_id = gw.ERROR, 404, ""
+            result.payment_method_attached = False
+            result.error_message = f"InvalidRequestError (404): No such PaymentMethod: '{req.payment_method}'"
+        return result
 
 
-def _wipe() -> None:
-    from django.db import connection
+class LocalStripe:
+    """``python -m billing.devstripe`` (in-memory, with the gateway's fixes) on a free port."""
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "TRUNCATE billing_subscription, billing_customer, billing_price, billing_invoice, billing_invoicelineitem,"
-            " billing_paymentattempt, billing_billingrun, billing_billingattempt, billing_ledgerentry,"
-            " billing_invoicecounter, outbox_event, hardcount_tenant CASCADE"
+    def __init__(self):
+        from tests.billing.conftest import _wait_for
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "billing.devstripe", "--port", str(self.port)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+        _wait_for(self.port, self.child)
+        self.api_base = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.child.terminate()
+        try:
+            self.child.wait(5)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+
+
+_real_get_gateway: list = []
+
+
+def _install_gateway(gateway) -> None:
+    """Make ``billing.gateway.get_gateway`` return ``gateway`` (None: the real one, for localstripe)."""
+    from billing import gateway as gw
+
+    if not _real_get_gateway:
+        _real_get_gateway.append(gw.get_gateway)
+    gw.get_gateway = (lambda: gateway) if gateway is not None else _real_get_gateway[0]
+
+
+# --- profiling -------------------------------------------------------------------------------------------------------
+
+
+class Profiler:
+    """py-spy sampling this process (all threads, idle waits left out) into ``path`` (collapsed stacks)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.child = subprocess.Popen(
+            [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(os.getpid()),
+             "--rate", "100", "--format", "raw", "--output", str(path), "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(1.5)
+
+    def stop(self) -> None:
+        self.child.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        try:
+            self.child.wait(30)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+
+    def report(self, top: int = 25) -> list[str]:
+        """Lines: share of samples by our functions (self + callees) and by library (leaf frames)."""
+        if not self.path.exists():
+            return [f"  (no profile written: {self.child.stderr.read().decode(errors='replace')[:300]})"]
+        ours: collections.Counter = collections.Counter()
+        libraries: collections.Counter = collections.Counter()
+        total = 0
+        for line in self.path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue
+            n = int(count)
+            frames = stack.split(";")
+            if any(f.startswith("process ") for f in frames[:1]):
+                frames = frames[1:]
+            thread = frames[0] if frames else ""
+            total += n
+            leaf = frames[-1] if frames else "?"
+            libraries[_library(leaf)] += n
+            seen = set()
+            for frame in frames:
+                name = _our_function(frame)
+                if name and name not in seen:
+                    seen.add(name)
+                    ours[name] += n
+            del thread
+        if not total:
+            return ["  (no samples)"]
+        lines = [f"  {total} samples (all threads, 100 Hz). Inclusive share by our function:"]
+        lines += [f"    {100 * n / total:5.1f}%  {name}" for name, n in ours.most_common(top)]
+        lines.append("  Exclusive share by where the leaf frame is:")
+        lines += [f"    {100 * n / total:5.1f}%  {name}" for name, n in libraries.most_common(12)]
+        return lines
+
+
+def _our_function(frame: str) -> str | None:
+    # py-spy raw frames look like "function (path/to/file.py:123)"
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    for package in ("billing/", "outbox/", "dunning/", "hardcount/", "leases/"):
+        marker = str(ROOT / package)
+        if path.startswith(marker) or path.startswith(package):
+            return f"{path.replace(str(ROOT) + '/', '')}:{name}"
+    return None
+
+
+def _library(frame: str) -> str:
+    _, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    if "site-packages/" in path:
+        return "lib: " + path.split("site-packages/", 1)[1].split("/", 1)[0]
+    if path.startswith(str(ROOT)):
+        return "ours: " + path.replace(str(ROOT) + "/", "").split("/", 1)[0]
+    if "/lib/python3" in path:
+        return "stdlib: " + path.rsplit("/", 1)[-1]
+    return frame[:60]
+
+
+# --- drains ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One measured run: ``closes`` subscriptions attempted in ``seconds``."""
+
+    label: str
+    concurrency: int
+    closes: int
+    billed: int
+    failed: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.closes / self.seconds if self.seconds else 0.0
+
+
+def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, profile_path: Path | None) -> Figure:
+    """Bill a fresh clone of ``template`` with one drain under gateway ``mode``; returns the figure."""
+    from django.conf import settings
+
+    from billing import gateway as gw
+    from billing.services.drain import drain_due
+
+    _clone(template, RUN_DB)
+    _use_database(RUN_DB)
+    localstripe = None
+    if mode == "b":
+        localstripe = LocalStripe()
+        settings.STRIPE_API_BASE = localstripe.api_base
+        settings.STRIPE_API_KEY = STRIPE_KEY
+        gw._gateways.clear()
+        _install_gateway(None)
+    else:
+        _install_gateway(StubGateway(latency_ms / 1000 if mode == "c" else 0.0))
+    profiler = Profiler(profile_path) if profile_path else None
+    try:
+        started = time.perf_counter()
+        run = drain_due(livemode=False, trigger="manual", page_size=100, concurrency=concurrency)
+        elapsed = time.perf_counter() - started
+    finally:
+        if profiler:
+            profiler.stop()
+        if localstripe:
+            localstripe.stop()
+        _use_database("postgres")
+    if profiler:
+        print("\n".join(profiler.report()), flush=True)
+    label = MODE_NAMES[mode].format(latency=f"{latency_ms:.0f}")
+    return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed)
+
+
+# --- main ------------------------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--subscriptions", type=int, default=400)
-    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--subscriptions", type=int, default=20_000, help="book size for (a), (b) and the SQL limit")
+    parser.add_argument("--latency-subscriptions", type=int, default=400, help="book size for (c)")
+    parser.add_argument("--latency-ms", type=float, default=200.0, help="(c): gateway latency per charge")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--modes", default="abc", help="which of a, b, c to run (default abc)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", action="append", default=[], help="MODE:CONCURRENCY to sample with py-spy")
+    parser.add_argument("--keep", action="store_true", help="keep the bench_drain_* databases")
     args = parser.parse_args()
 
     import django
 
     django.setup()
-    import stripe
-    from django.conf import settings
-    from django.db import connection
 
-    from billing.services.drain import drain_due
-    from tests.stripe_proxy import StripeProxy
-
-    child, base = _start_localstripe()
-    proxy = StripeProxy(base).start()
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    load = os.getloadavg()
+    print(
+        f"Drain benchmark: demo book of {args.subscriptions} subscriptions (seed {args.seed}); "
+        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start",
+        flush=True,
+    )
+    figures: list[Figure] = []
     try:
-        settings.STRIPE_API_BASE = proxy.api_base
-        settings.STRIPE_API_KEY = STRIPE_KEY
-        client = stripe.StripeClient(STRIPE_KEY, base_addresses={"api": base})
-        card = {"number": "4242424242424242", "exp_month": 12, "exp_year": 2034, "cvc": "123"}
-        payment_method = client.v1.payment_methods.create(params={"type": "card", "card": card}).id
-        serial_limit = 1000.0 / args.latency_ms if args.latency_ms else float("inf")
-        print(
-            f"drain of {args.subscriptions} due subscriptions, gateway latency {args.latency_ms:.0f} ms per "
-            f"PaymentIntent request, page size {args.page_size}"
-        )
-        for concurrency in args.concurrency:
-            _wipe()
-            tenant_id = _seed(args.subscriptions, payment_method)
-            proxy.clear()
-            if args.latency_ms:
-                proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=args.latency_ms / 1000)
-            started = time.perf_counter()
-            run = drain_due(
-                livemode=False,
-                trigger="manual",
-                tenant_id=tenant_id,
-                page_size=args.page_size,
-                concurrency=concurrency,
-            )
-            elapsed = time.perf_counter() - started
-            rate = run.billed / elapsed
+        _prepare_empty()
+        due, seed_s = _make_book(BOOK_DB, args.subscriptions, args.seed)
+        print(f"  seeded {args.subscriptions} subscriptions ({due} due) in {seed_s:.1f} s", flush=True)
+        small_due = 0
+        if "c" in args.modes:
+            small_due, _ = _make_book(SMALL_BOOK_DB, args.latency_subscriptions, args.seed)
+
+        limits = {}
+        for count in (1, 4):
+            _clone(BOOK_DB, RUN_DB)
+            closes, seconds = sql_limit(count)
+            limits[count] = closes / seconds
             print(
-                f"  concurrency {concurrency:>2}: {run.billed}/{run.attempted} billed in {elapsed:6.2f} s = "
-                f"{rate:7.1f} closes/s ({rate * 3600:>9,.0f} per hourly tick); serial limit "
-                f"{serial_limit:.1f}/s; {run.pages} pages, {run.failed} failed"
+                f"  SQL limit, {count} connection{'s' if count > 1 else ' '}: {closes} minimal closes in "
+                f"{seconds:6.2f} s = {limits[count]:7.1f}/s",
+                flush=True,
             )
+        limit = limits[4]
+
+        for mode in "abc":
+            if mode not in args.modes:
+                continue
+            for concurrency in args.concurrency:
+                spec = f"{mode}:{concurrency}"
+                profile_path = (
+                    ROOT / "var" / "bench" / f"drain-{mode}-{concurrency}.txt" if spec in args.profile else None
+                )
+                figure = run_drain(
+                    mode,
+                    concurrency,
+                    template=SMALL_BOOK_DB if mode == "c" else BOOK_DB,
+                    latency_ms=args.latency_ms,
+                    profile_path=profile_path,
+                )
+                figures.append(figure)
+                print(_line(figure, limit), flush=True)
     finally:
-        connection.creation.destroy_test_db(settings.DATABASES["default"]["NAME"], verbosity=0)
-        proxy.stop()
-        child.terminate()
-        child.wait(5)
+        if not args.keep:
+            _drop_all()
+
+    print()
+    print(f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8}")
+    for figure in figures:
+        print(
+            f"{figure.label:<38} {figure.concurrency:>4} {figure.closes:>6} {figure.seconds:>8.1f} "
+            f"{figure.rate:>8.1f} {figure.rate / limit:>8.3f} {figure.rate / limits[1]:>8.3f}"
+        )
+    print(f"{'SQL limit, 1 connection':<38} {'':>4} {'':>6} {'':>8} {limits[1]:>8.1f} {limits[1] / limit:>8.3f}")
+    print(f"{'SQL limit, 4 connections':<38} {'':>4} {'':>6} {'':>8} {limit:>8.1f} {1.0:>8.3f}")
+    print()
+    _targets(figures, limit, args)
+    if "c" in args.modes:
+        serial_min = args.latency_ms * args.subscriptions / 60000
+        print(
+            f"(c) ran on a book of {args.latency_subscriptions} ({small_due} due), not the full book: serially, "
+            f"{args.latency_ms:.0f} ms x {args.subscriptions} would take {serial_min:.0f} min."
+        )
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
+def _line(figure: Figure, limit: float) -> str:
+    return (
+        f"  {figure.label} at concurrency {figure.concurrency}: {figure.closes} closes ({figure.billed} billed, "
+        f"{figure.failed} failed) in {figure.seconds:7.1f} s = {figure.rate:7.1f}/s = {figure.rate / limit:.3f} x the "
+        f"4-connection SQL limit"
+    )
+
+
+def _targets(figures: list[Figure], limit: float, args) -> None:
+    by = {(f.label[1], f.concurrency): f for f in figures}
+    print("Targets (issue 10):")
+    a8 = by.get(("a", 8))
+    if a8:
+        verdict = "met" if a8.rate >= 0.4 * limit else "MISSED"
+        print(f"  (a) at concurrency 8 >= 40% of the 4-connection SQL limit: {100 * a8.rate / limit:.1f}% -> {verdict}")
+    c1, c8 = by.get(("c", 1)), by.get(("c", 8))
+    if c1 and c8:
+        speedup = c8.rate / c1.rate
+        print(f"  (c) concurrency 8 >= 7x concurrency 1: {speedup:.2f}x -> {'met' if speedup >= 7 else 'MISSED'}")
+    b8 = by.get(("b", 8))
+    if b8:
+        whole = b8.seconds * 20_000 / max(1, args.subscriptions)
+        scaled = "" if args.subscriptions == 20_000 else f" (scaled from {args.subscriptions}: {b8.seconds:.1f} s)"
+        print(
+            f"  (b) the 20,000 book through localstripe at concurrency 8 under 5 min: {whole:.0f} s{scaled} -> "
+            f"{'met' if whole < 300 else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""Writing many model rows at once with PostgreSQL's ``COPY … FROM STDIN``.
+
+``Model.objects.bulk_create`` builds one ``INSERT`` with a parameter per value; for the demo
+book's hundreds of thousands of rows most of its time goes to assembling and converting that
+statement. ``COPY`` streams the same rows in a fraction of the time. No ``RETURNING``: the
+instances must carry their primary keys already (Hardcount's prefixed ids are made in Python).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import connection, models
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+
+def copy_models(model: type[models.Model], objs: Iterable[models.Model]) -> int:
+    """COPY ``objs`` (instances of ``model``, primary keys set) into the model's table; returns the row count.
+
+    Runs on the default connection, inside the caller's transaction. Values go through each
+    field's ``pre_save`` (``auto_now_add`` times are set, as ``save`` would); JSON fields are sent
+    as ``jsonb``. Columns with a database default (``db_default``) are left to the database. Raises
+    the database's error (a constraint violation aborts the whole COPY).
+    """
+    fields = [f for f in model._meta.concrete_fields if f.db_default is models.NOT_PROVIDED]
+    json_fields = {i for i, f in enumerate(fields) if isinstance(f, models.JSONField)}
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(model._meta.db_table), sql.SQL(", ").join(sql.Identifier(f.column) for f in fields)
+    )
+    count = 0
+    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        for obj in objs:
+            row = [f.pre_save(obj, True) for f in fields]
+            for i in json_fields:
+                row[i] = Jsonb(row[i])
+            copy.write_row(row)
+            count += 1
+    return count
