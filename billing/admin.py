@@ -1,8 +1,19 @@
-"""Operators' admin for billing: read-only views of customers, prices, subscriptions, invoices and runs."""
+"""Operators' admin for billing: find failing subscriptions and invoices, and act on them through the services.
+
+Rows are read-only here (see :mod:`hardcount.admin`); the actions call the same service
+functions as the API: :func:`billing.services.drain.retry_billing`
+(``POST /v1/subscriptions/{id}/retry-billing``), :func:`billing.services.catalog.cancel_subscription`,
+:func:`billing.services.invoices.pay_invoice` and :func:`~billing.services.invoices.void_invoice`.
+Each reports its result per row. The credit ledger is append-only: no admin can change or
+delete an entry (credit moves through ``POST /v1/customers/{id}/credits``).
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import Q
+from django.utils.html import format_html, format_html_join
+from django.utils.text import Truncator
 
 from billing.models import (
     BillingAttempt,
@@ -17,110 +28,490 @@ from billing.models import (
     Subscription,
     TestClock,
 )
-from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline
+from billing.services import catalog, drain, invoices
+from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search
+from hardcount.errors import ServiceError
 from hardcount.money import format_amount
 
-SCOPE_FILTERS = ("livemode", "tenant")
+SCOPE_FILTERS = (mode_filter(), "tenant")
+# A search term matching more customers than this (one email in many tenants) shows their first ones.
+SEARCH_CUSTOMER_LIMIT = 100
 
 
 def _money(amount_field: str, description: str):
     def display(model_admin, obj):
-        try:
-            return format_amount(getattr(obj, amount_field), obj.currency)
-        except (KeyError, ValueError):
-            return f"{getattr(obj, amount_field)} {obj.currency}"
+        return _format(getattr(obj, amount_field), obj.currency)
 
     display.short_description = description
     return display
 
 
+def _format(amount: int, currency: str) -> str:
+    try:
+        return format_amount(amount, currency)
+    except (KeyError, ValueError):
+        return f"{amount} {currency}"
+
+
 @admin.register(Customer)
 class CustomerAdmin(ReadOnlyAdmin):
-    list_display = ("id", "email", "name", "tenant", "livemode", "currency", "credit_balance", "created_at")
+    list_display = ("id", "email", "name", "external_id", "tenant", "livemode", "credit_balance", "currency")
     list_filter = SCOPE_FILTERS
-    search_fields = ("id", "email", "name", "external_id", "gateway_customer_id")
-    ordering = ("-created_at",)
+    list_select_related = ("tenant",)
+    search_fields = ("id",)
+    search_help_text = "Exact customer id (cus_…), email (any case), external id or gateway customer id."
+
+    def get_search_results(self, request, queryset, search_term):
+        for term in search_term.split():
+            queryset = queryset.filter(
+                Q(pk=term) | Q(email__iexact=term) | Q(external_id=term) | Q(gateway_customer_id=term)
+            )
+        return queryset, False
 
 
 @admin.register(Price)
 class PriceAdmin(ReadOnlyAdmin):
     list_display = ("id", "nickname", "amount_display", "interval", "interval_count", "active", "tenant", "livemode")
     list_filter = (*SCOPE_FILTERS, "currency", "interval", "active")
-    search_fields = ("id", "nickname")
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "nickname")
     amount_display = _money("amount", "amount")
+
+
+# --- subscriptions --------------------------------------------------------------------------------------------------
+
+
+class BillingStateFilter(admin.SimpleListFilter):
+    """``ok``, ``waiting`` (on the retry ladder) or ``parked`` — :attr:`Subscription.billing_state` as SQL.
+
+    ``waiting`` and ``parked`` are answered by the partial indexes ``subscription_waiting_idx``
+    and ``subscription_parked_idx``; ``ok`` is nearly every row, read in primary-key order.
+    """
+
+    title = "billing state"
+    parameter_name = "billing_state"
+    PREDICATES = {
+        "ok": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True),
+        "waiting": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
+        "parked": Q(billing_parked_at__isnull=False),
+    }
+
+    def lookups(self, request, model_admin):
+        return (("ok", "ok"), ("waiting", "waiting (retry ladder)"), ("parked", "parked"))
+
+    def queryset(self, request, queryset):
+        predicate = self.PREDICATES.get(self.value())
+        return queryset if predicate is None else queryset.filter(predicate)
+
+
+class SubscriptionInvoiceInline(ReadOnlyInline):
+    model = Invoice
+    fk_name = "subscription"
+    verbose_name_plural = "invoices (newest 50)"
+    fields = ("number", "status", "tax_status", "period_start", "period_end", "total_display", "amount_due_display")
+    readonly_fields = fields
+    total_display = _money("total", "total")
+    amount_due_display = _money("amount_due", "amount due")
+
+
+class SubscriptionBillingAttemptInline(ReadOnlyInline):
+    model = BillingAttempt
+    verbose_name_plural = "billing attempts (newest 50)"
+    fields = ("created_at", "run_link", "outcome", "failure_number", "invoice_link", "error")
+    readonly_fields = fields
+
+    @admin.display(description="run")
+    def run_link(self, attempt: BillingAttempt):
+        return id_link(BillingRun, attempt.run_id)
+
+    @admin.display(description="invoice")
+    def invoice_link(self, attempt: BillingAttempt):
+        return id_link(Invoice, attempt.invoice_id)
 
 
 @admin.register(Subscription)
 class SubscriptionAdmin(ReadOnlyAdmin):
+    """Subscriptions by tenant, mode, status and billing state; retry billing and cancel as actions."""
+
     list_display = (
         "id",
         "customer",
-        "price",
+        "plan",
         "status",
+        "billing_state_display",
         "next_billing_at",
         "billing_failure_count",
-        "billing_parked_at",
+        "next_billing_attempt_at",
+        "last_error",
         "tenant",
         "livemode",
     )
-    list_filter = (*SCOPE_FILTERS, "status", "cancel_at_period_end")
-    search_fields = ("id", "customer__id", "customer__email", "price__id")
-    ordering = ("-created_at",)
+    list_filter = (*SCOPE_FILTERS, "status", BillingStateFilter)
+    list_select_related = ("customer", "price", "tenant")
+    # Every other column would sort the whole table: lists stay in primary-key (creation) order.
+    sortable_by = ("id",)
+    search_fields = ("id",)
+    search_help_text = "Exact subscription id (sub_…), or a customer's id, email (any case) or external id."
+    actions = ["retry_billing", "cancel_now", "cancel_at_period_end"]
+    object_actions = (
+        ("retry_billing", "Retry billing now"),
+        ("cancel_now", "Cancel now"),
+        ("cancel_at_period_end", "Cancel at period end"),
+    )
+    inlines = [SubscriptionInvoiceInline, SubscriptionBillingAttemptInline]
+    fieldsets = (
+        (None, {"fields": ("id", "tenant", "livemode", "customer", "price", "status", "test_clock", "metadata")}),
+        (
+            "Billing periods",
+            {
+                "fields": (
+                    "billing_cycle_anchor",
+                    "trial_end",
+                    "current_period_start",
+                    "current_period_end",
+                    "periods_billed",
+                    "next_billing_at",
+                    "cancel_at_period_end",
+                    "canceled_at",
+                    "ended_at",
+                )
+            },
+        ),
+        (
+            "Billing failure state",
+            {
+                "fields": (
+                    "billing_state_display",
+                    "billing_failure_count",
+                    "next_billing_attempt_at",
+                    "billing_parked_at",
+                    "last_billing_error",
+                )
+            },
+        ),
+        ("Payment attempts (newest 50)", {"fields": ("payment_attempts",)}),
+        (None, {"fields": ("created_at", "updated_at")}),
+    )
+    readonly_fields = ("billing_state_display", "payment_attempts")
+
+    @admin.display(description="plan")
+    def plan(self, sub: Subscription) -> str:
+        price = sub.price
+        every = price.interval if price.interval_count == 1 else f"{price.interval_count} {price.interval}s"
+        return f"{_format(price.amount, price.currency)} / {every}"
+
+    @admin.display(description="billing state")
+    def billing_state_display(self, sub: Subscription) -> str:
+        return sub.billing_state
+
+    @admin.display(description="last error")
+    def last_error(self, sub: Subscription):
+        if not sub.last_billing_error:
+            return ""
+        return format_html(
+            '<span title="{}">{}</span>', sub.last_billing_error, Truncator(sub.last_billing_error).chars(60)
+        )
+
+    @admin.display(description="payment attempts")
+    def payment_attempts(self, sub: Subscription):
+        attempts = PaymentAttempt.objects.filter(invoice__subscription=sub).order_by("-started_at")[:50]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    a.started_at,
+                    id_link(Invoice, a.invoice_id),
+                    a.attempt_number,
+                    a.outcome,
+                    _format(a.amount, a.currency),
+                    a.decline_code or a.error_message or "—",
+                    a.payment_intent_id or "—",
+                )
+                for a in attempts
+            ),
+        )
+        if not rows:
+            return "none"
+        return format_html(
+            "<table><tr><th>started</th><th>invoice</th><th>#</th><th>outcome</th><th>amount</th>"
+            "<th>decline / error</th><th>PaymentIntent</th></tr>{}</table>",
+            rows,
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        # Two indexed look-ups (customers by id, email or external id; then subscriptions by id or
+        # customer) instead of an OR across a join, which PostgreSQL answers with a full scan.
+        for term in search_term.split():
+            if term.startswith("sub_"):
+                queryset = queryset.filter(pk=term)
+                continue
+            customer_ids = list(
+                Customer.objects.filter(Q(pk=term) | Q(email__iexact=term) | Q(external_id=term)).values_list(
+                    "pk", flat=True
+                )[:SEARCH_CUSTOMER_LIMIT]
+            )
+            queryset = queryset.filter(Q(pk=term) | Q(customer_id__in=customer_ids))
+        return queryset, False
+
+    @admin.action(description="Retry billing now (waiting or parked subscriptions)", permissions=["operate"])
+    def retry_billing(self, request, queryset):
+        """One manual billing run per subscription, as ``POST /v1/subscriptions/{id}/retry-billing``."""
+        rows = self.selected_rows(request, queryset)
+        if rows is None:
+            return None
+        for sub in rows:
+            try:
+                attempt = drain.retry_billing(sub.id, tenant_id=sub.tenant_id, livemode=sub.livemode)
+            except ServiceError as exc:
+                self.message_user(request, f"{sub.id}: not retried. {exc.message}", messages.WARNING)
+                continue
+            self.message_user(request, *_retry_result(sub, attempt))
+        return self.after_action(request, rows)
+
+    @admin.action(description="Cancel now (nothing more is billed)", permissions=["operate"])
+    def cancel_now(self, request, queryset):
+        return self._cancel(request, queryset, at_period_end=False, action="cancel_now")
+
+    @admin.action(description="Cancel at the end of the current period", permissions=["operate"])
+    def cancel_at_period_end(self, request, queryset):
+        return self._cancel(request, queryset, at_period_end=True, action="cancel_at_period_end")
+
+    def _cancel(self, request, queryset, *, at_period_end: bool, action: str):
+        rows = self.selected_rows(request, queryset)
+        if rows is None:
+            return None
+        when = "at the end of their current period" if at_period_end else "now"
+        confirmation = self.confirm_action(
+            request,
+            rows,
+            action=action,
+            question=f"Cancel {len(rows)} subscription(s) {when}?",
+            consequence="Each cancellation emits its event to the tenant's webhooks; it cannot be undone here.",
+        )
+        if confirmation is not None:
+            return confirmation
+        for sub in rows:
+            try:
+                catalog.cancel_subscription(
+                    tenant_id=sub.tenant_id, livemode=sub.livemode, subscription_id=sub.id, at_period_end=at_period_end
+                )
+            except ServiceError as exc:
+                self.message_user(request, f"{sub.id}: not canceled. {exc.message}", messages.WARNING)
+                continue
+            self.message_user(request, f"{sub.id}: canceled {when}.", messages.SUCCESS)
+        return self.after_action(request, rows)
+
+
+def _retry_result(sub: Subscription, attempt: BillingAttempt) -> tuple[str, int]:
+    """The per-row message of a billing retry and its level."""
+    invoice = f" (invoice {attempt.invoice_id})" if attempt.invoice_id else ""
+    if attempt.outcome == BillingAttempt.BILLED:
+        return f"{sub.id}: billed{invoice}; failure state cleared.", messages.SUCCESS
+    if attempt.outcome == BillingAttempt.DECLINED:
+        return f"{sub.id}: the charge was declined{invoice}; dunning retries it.", messages.WARNING
+    if attempt.outcome == BillingAttempt.TAX_PENDING:
+        return f"{sub.id}: invoiced{invoice}; waiting for tax, charged when tax answers.", messages.INFO
+    if attempt.outcome == BillingAttempt.FAILED:
+        sub.refresh_from_db(fields=["next_billing_attempt_at"])
+        return (
+            f"{sub.id}: failed again (failure {attempt.failure_number}, next attempt at "
+            f"{sub.next_billing_attempt_at:%Y-%m-%d %H:%M} UTC): {attempt.error}",
+            messages.ERROR,
+        )
+    return f"{sub.id}: {attempt.outcome}. {attempt.error}".strip(), messages.INFO
+
+
+# --- invoices -------------------------------------------------------------------------------------------------------
 
 
 class LineItemInline(ReadOnlyInline):
     model = InvoiceLineItem
     fields = ("description", "price", "quantity", "amount", "currency", "period_start", "period_end")
+    show_change_link = False
 
 
 class PaymentAttemptInline(ReadOnlyInline):
     model = PaymentAttempt
-    fields = ("attempt_number", "outcome", "amount", "currency", "decline_code", "payment_intent_id", "completed_at")
+    fields = (
+        "attempt_number",
+        "outcome",
+        "amount",
+        "currency",
+        "decline_code",
+        "error_message",
+        "payment_intent_id",
+        "started_at",
+        "completed_at",
+    )
 
 
 @admin.register(Invoice)
 class InvoiceAdmin(ReadOnlyAdmin):
-    list_display = ("id", "number", "customer", "status", "total_display", "amount_due_display", "period_start")
-    list_filter = (*SCOPE_FILTERS, "status", "tax_status", "currency")
-    search_fields = ("id", "number", "customer__id", "subscription__id", "payment_intent_id")
-    ordering = ("-created_at",)
+    """Invoices by tenant, mode, status and tax status; retry payment and void as actions."""
+
+    list_display = (
+        "id",
+        "number",
+        "customer",
+        "status",
+        "tax_status",
+        "total_display",
+        "amount_due_display",
+        "period_start",
+        "tenant",
+        "livemode",
+    )
+    list_filter = (*SCOPE_FILTERS, "status", "tax_status")
+    list_select_related = ("customer", "tenant")
+    sortable_by = ("id",)
+    search_fields = ("id",)
+    search_help_text = "Exact invoice id (in_…), number, customer id (cus_…), subscription id (sub_…) or PaymentIntent."
     inlines = [LineItemInline, PaymentAttemptInline]
+    actions = ["retry_payment", "void"]
+    object_actions = (("retry_payment", "Retry payment now"), ("void", "Void"))
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset,
+            search_term,
+            {"in_": "pk", "cus_": "customer_id", "sub_": "subscription_id", "pi_": "payment_intent_id"},
+            default="number",
+        )
+
+    @admin.action(description="Retry payment now (open invoices)", permissions=["operate"])
+    def retry_payment(self, request, queryset):
+        """Charge each open invoice now, as ``POST /v1/invoices/{id}/pay``."""
+        rows = self.selected_rows(request, queryset)
+        if rows is None:
+            return None
+        for invoice in rows:
+            try:
+                paid, attempt, _outcome = invoices.pay_invoice(
+                    invoice.id, tenant_id=invoice.tenant_id, livemode=invoice.livemode
+                )
+            except ServiceError as exc:
+                self.message_user(request, f"{invoice.id}: not charged. {exc.message}", messages.WARNING)
+                continue
+            self.message_user(request, *_payment_result(paid, attempt))
+        return self.after_action(request, rows)
+
+    @admin.action(description="Void (draft or open invoices)", permissions=["operate"])
+    def void(self, request, queryset):
+        rows = self.selected_rows(request, queryset)
+        if rows is None:
+            return None
+        confirmation = self.confirm_action(
+            request,
+            rows,
+            action="void",
+            question=f"Void {len(rows)} invoice(s)?",
+            consequence="Credit applied to them returns to the customer and their dunning stops. A subscription "
+            "still on a voided invoice's period is invoiced afresh by the next drain.",
+        )
+        if confirmation is not None:
+            return confirmation
+        for invoice in rows:
+            try:
+                invoices.void_invoice(invoice.id, tenant_id=invoice.tenant_id, livemode=invoice.livemode)
+            except ServiceError as exc:
+                self.message_user(request, f"{invoice.id}: not voided. {exc.message}", messages.WARNING)
+                continue
+            self.message_user(request, f"{invoice.id}: voided.", messages.SUCCESS)
+        return self.after_action(request, rows)
+
+
+def _payment_result(invoice: Invoice, attempt: PaymentAttempt | None) -> tuple[str, int]:
+    """The per-row message of a payment retry and its level."""
+    if invoice.status == Invoice.PAID:
+        how = "without a charge" if attempt is None or attempt.settled_without_charge else "charged"
+        return f"{invoice.id}: paid ({how}).", messages.SUCCESS
+    if attempt is not None and attempt.outcome == PaymentAttempt.DECLINED:
+        return f"{invoice.id}: declined ({attempt.decline_code or 'no code'}).", messages.WARNING
+    detail = f"{attempt.outcome}: {attempt.error_message}" if attempt is not None else invoice.status
+    return f"{invoice.id}: not paid ({detail}).", messages.ERROR
 
 
 @admin.register(InvoiceLineItem)
 class InvoiceLineItemAdmin(ReadOnlyAdmin):
     list_display = ("id", "invoice", "description", "amount", "currency")
-    search_fields = ("id", "invoice__id")
+    list_select_related = ("invoice",)
+    search_fields = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"il_": "pk", "in_": "invoice_id"})
 
 
 @admin.register(InvoiceCounter)
 class InvoiceCounterAdmin(ReadOnlyAdmin):
     list_display = ("tenant", "livemode", "last_number")
+    list_select_related = ("tenant",)
 
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ("id", "customer", "reason", "amount_display", "balance_after", "invoice", "created_at")
+    """The credit ledger: append-only, so no change, no delete, not even for superusers (SPEC §2)."""
+
+    list_display = ("id", "created_at", "customer", "reason", "amount_display", "balance_after", "invoice")
     list_filter = (*SCOPE_FILTERS, "reason")
-    search_fields = ("id", "customer__id", "invoice__id")
-    ordering = ("-created_at",)
+    list_select_related = ("customer", "invoice")
+    search_fields = ("id",)
+    search_help_text = "Exact entry id (cbtxn_…), customer id (cus_…) or invoice id (in_…)."
     amount_display = _money("amount", "amount")
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"cbtxn_": "pk", "cus_": "customer_id", "in_": "invoice_id"})
+
+    def get_actions(self, request):
+        return {}
 
 
 @admin.register(PaymentAttempt)
 class PaymentAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "invoice", "attempt_number", "outcome", "amount_display", "decline_code", "completed_at")
+    list_display = (
+        "id",
+        "started_at",
+        "invoice",
+        "attempt_number",
+        "outcome",
+        "amount_display",
+        "decline_code",
+        "payment_intent_id",
+    )
     list_filter = (*SCOPE_FILTERS, "outcome")
-    search_fields = ("id", "invoice__id", "payment_intent_id", "idempotency_key")
+    list_select_related = ("invoice",)
+    search_fields = ("id",)
+    search_help_text = "Exact attempt id (pa_…), invoice id (in_…), PaymentIntent (pi_…) or idempotency key."
     amount_display = _money("amount", "amount")
 
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset,
+            search_term,
+            {"pa_": "pk", "in_": "invoice_id", "pi_": "payment_intent_id"},
+            default="idempotency_key",
+        )
 
-class BillingAttemptInline(ReadOnlyInline):
+
+# --- billing runs ---------------------------------------------------------------------------------------------------
+
+
+class RunAttemptInline(ReadOnlyInline):
     model = BillingAttempt
-    fields = ("subscription", "outcome", "failure_number", "invoice", "error", "created_at")
-    max_num = 0
+    verbose_name_plural = "attempts (first 50; the run's full list is linked above)"
+    fields = ("created_at", "subscription_link", "outcome", "failure_number", "invoice_link", "error")
+    readonly_fields = fields
+    ordering = ("pk",)
+
+    @admin.display(description="subscription")
+    def subscription_link(self, attempt: BillingAttempt):
+        return id_link(Subscription, attempt.subscription_id)
+
+    @admin.display(description="invoice")
+    def invoice_link(self, attempt: BillingAttempt):
+        return id_link(Invoice, attempt.invoice_id)
 
 
 @admin.register(BillingRun)
@@ -132,25 +523,57 @@ class BillingRunAdmin(ReadOnlyAdmin):
         "tenant",
         "livemode",
         "started_at",
+        "duration",
         "pages",
         "attempted",
         "billed",
         "failed",
     )
-    list_filter = ("trigger", "status", "livemode")
-    search_fields = ("id", "tenant__id")
-    ordering = ("-started_at",)
+    list_filter = ("trigger", "status", mode_filter(), "tenant")
+    list_select_related = ("tenant",)
+    search_fields = ("id",)
+    inlines = [RunAttemptInline]
+    readonly_fields = ("all_attempts",)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"brun_": "pk", "ten_": "tenant_id"})
+
+    @admin.display(description="duration")
+    def duration(self, run: BillingRun) -> str:
+        if run.finished_at is None:
+            return "running"
+        return f"{(run.finished_at - run.started_at).total_seconds():.1f} s"
+
+    @admin.display(description="attempts")
+    def all_attempts(self, run: BillingRun):
+        from django.urls import reverse
+
+        url = reverse("admin:billing_billingattempt_changelist") + f"?run__id__exact={run.pk}"
+        return format_html('<a href="{}">all {} attempts of this run</a>', url, run.attempted)
 
 
 @admin.register(BillingAttempt)
 class BillingAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "run", "subscription", "outcome", "failure_number", "created_at")
+    list_display = ("id", "created_at", "run_link", "subscription_link", "outcome", "failure_number", "error")
     list_filter = ("outcome",)
-    search_fields = ("id", "run__id", "subscription__id")
+    search_fields = ("id",)
+    search_help_text = "Exact attempt id (batt_…), run id (brun_…) or subscription id (sub_…)."
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"batt_": "pk", "brun_": "run_id", "sub_": "subscription_id"})
+
+    @admin.display(description="run")
+    def run_link(self, attempt: BillingAttempt):
+        return id_link(BillingRun, attempt.run_id)
+
+    @admin.display(description="subscription")
+    def subscription_link(self, attempt: BillingAttempt):
+        return id_link(Subscription, attempt.subscription_id)
 
 
 @admin.register(TestClock)
 class TestClockAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "frozen_time", "status", "tenant")
     list_filter = ("status", "tenant")
-    search_fields = ("id", "name")
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "name")

@@ -1,23 +1,166 @@
-"""Operators' admin for tenants, API keys and idempotency records, plus the read-only base every app uses.
+"""The operators' console (Django admin): shared building blocks, and tenants, API keys and idempotency records.
 
-Read-mostly for now: objects change through the API and the services (which emit their
-events), never by editing rows here. The one write offered is revoking API keys.
+Objects change through the services (which validate, lock and emit their events), never by
+editing rows here: every model admin is read-only, and what an operator may do is offered as
+admin actions that call the same service functions as the API (retry billing, cancel, pay,
+void, replay, revoke). Actions need the model's ``change`` permission (superusers have it), so
+a staff user with view permission only can look but not act. The one kind of row created here
+is credentials: a tenant (with its test and live keys) and an API key, whose secret is shown
+once on the page that answers the creation and stored nowhere.
+
+Lists stay fast on large tables (decision record 0110): :class:`CappedCountPaginator` counts at
+most :data:`COUNT_CAP` rows, lists order by the time-ordered primary key, list filters offer
+fixed choices (never a ``SELECT DISTINCT`` over the table), and actions take at most
+:data:`MAX_ACTION_ROWS` rows.
 """
 
 from __future__ import annotations
 
-from django.contrib import admin
-from django.db.models import Model
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Model, Q, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from hardcount.models import ApiKey, IdempotencyRecord, Tenant
 
+# Lists count matching rows up to this many; beyond it the page says "more than 10000" and
+# offers the first COUNT_CAP / list_per_page pages (narrow with filters or search to go further).
+COUNT_CAP = 10_000
+# An action works row by row (a gateway call each, for billing); more than this is a job, not a click.
+MAX_ACTION_ROWS = 100
+
+
+class CappedCountPaginator(Paginator):
+    """A paginator whose ``count`` reads at most ``cap + 1`` rows instead of ``COUNT(*)`` over the table.
+
+    ``count`` is ``min(rows, cap)`` and ``capped`` tells whether more rows matched; the count
+    runs without ``ORDER BY`` so the planner may use any index behind the filters. Pages past
+    the cap are refused like any page out of range, which also bounds the ``OFFSET`` a page
+    costs. Pass ``cap`` to change the bound (:data:`COUNT_CAP` by default).
+    """
+
+    def __init__(self, object_list, per_page, orphans=0, allow_empty_first_page=True, *, cap: int = COUNT_CAP):
+        super().__init__(object_list, per_page, orphans, allow_empty_first_page)
+        self.cap = cap
+        self.capped = False
+
+    @cached_property
+    def count(self) -> int:
+        counted = self.object_list.order_by()[: self.cap + 1].count()
+        self.capped = counted > self.cap
+        return min(counted, self.cap)
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """View-only admin: no add, change or delete (the view permission still shows every field)."""
+    """View-only admin: no add, change or delete; lists with capped counts and no full-table ``COUNT(*)``.
+
+    Subclasses offer operations as admin actions declared with ``permissions=["operate"]``
+    (see :meth:`has_operate_permission`) and read their rows through :meth:`selected_rows`.
+    """
 
     list_per_page = 50
     show_full_result_count = False  # counting big tables on every page is slow
+    paginator = CappedCountPaginator
+    # Time-ordered primary keys (hardcount.ids) sort newest first on the primary key's index.
+    ordering = ("-pk",)
+    change_form_template = "admin/hardcount/change_form.html"
+    # Buttons on an object's page: (action name, label) pairs of this admin's actions.
+    object_actions: tuple[tuple[str, str], ...] = ()
+
+    def has_add_permission(self, request, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj: Model | None = None) -> bool:
+        return False
+
+    def has_operate_permission(self, request) -> bool:
+        """May the user run this admin's actions? Those who hold the model's ``change`` permission may.
+
+        The change form itself stays read-only for everyone: the permission gates operations
+        through the services, not edits of rows.
+        """
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {
+            **(extra_context or {}),
+            "can_operate": self.has_operate_permission(request),
+            "object_actions": self.object_actions,
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def selected_rows(self, request, queryset: QuerySet) -> list[Model] | None:
+        """The action's rows (oldest first), or None after telling the user the selection is too large."""
+        rows = list(queryset.order_by("pk")[: MAX_ACTION_ROWS + 1])
+        if len(rows) > MAX_ACTION_ROWS:
+            self.message_user(
+                request,
+                f"Select at most {MAX_ACTION_ROWS} {self.opts.verbose_name_plural} per action; nothing was done.",
+                messages.ERROR,
+            )
+            return None
+        return rows
+
+    def confirm_action(self, request, rows: list[Model], *, action: str, question: str, consequence: str):
+        """A confirmation page for a destructive action, or None once the user has confirmed it.
+
+        The page posts the same action and rows back with ``confirmed=yes`` (CSRF-protected like
+        every admin form).
+        """
+        if request.POST.get("confirmed") == "yes":
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": question,
+            "rows": rows,
+            "action": action,
+            "consequence": consequence,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "return_to": request.POST.get("_return_to", ""),
+        }
+        return TemplateResponse(request, "admin/hardcount/confirm_action.html", context)
+
+    def after_action(self, request, rows: list[Model]):
+        """Where an action answers: the object's page when it was started there, else the list (None)."""
+        if request.POST.get("_return_to") == "change" and len(rows) == 1:
+            opts = self.opts
+            return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[rows[0].pk]))
+        return None
+
+
+class RecentRowsFormSet(BaseInlineFormSet):
+    """Inline rows limited to the first ``limit`` of the inline's ordering (newest first, usually)."""
+
+    limit = 50
+
+    def get_queryset(self):
+        if not hasattr(self, "_recent_rows"):
+            self._recent_rows = super().get_queryset()[: self.limit]
+        return self._recent_rows
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """View-only inline rows: the newest :attr:`RecentRowsFormSet.limit` of them."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    formset = RecentRowsFormSet
+    ordering = ("-pk",)
 
     def has_add_permission(self, request, obj: Model | None = None) -> bool:
         return False
@@ -29,43 +172,205 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyInline(admin.TabularInline):
-    """View-only inline rows."""
+def mode_filter(path: str = "livemode") -> type[admin.SimpleListFilter]:
+    """A list filter ``?mode=live|test`` on the boolean at ``path`` (no query to build its choices)."""
 
-    extra = 0
-    can_delete = False
-    show_change_link = True
+    class ModeFilter(admin.SimpleListFilter):
+        title = "mode"
+        parameter_name = "mode"
 
-    def has_add_permission(self, request, obj: Model | None = None) -> bool:
-        return False
+        def lookups(self, request, model_admin):
+            return (("live", "live"), ("test", "test"))
 
-    def has_change_permission(self, request, obj: Model | None = None) -> bool:
-        return False
+        def queryset(self, request, queryset):
+            if self.value() in ("live", "test"):
+                return queryset.filter(**{path: self.value() == "live"})
+            return queryset
+
+    return ModeFilter
+
+
+def choices_filter(
+    path: str, choices, *, title: str, parameter_name: str | None = None
+) -> type[admin.SimpleListFilter]:
+    """A list filter offering fixed ``choices`` (values, or ``(value, label)`` pairs) for ``path`` = value.
+
+    Django's default filter for a field without choices reads ``SELECT DISTINCT`` over the whole
+    table on every page load; this one builds its choices without a query.
+    """
+    pairs = tuple(c if isinstance(c, tuple) else (c, c) for c in choices)
+
+    class ChoicesFilter(admin.SimpleListFilter):
+        def lookups(self, request, model_admin):
+            return pairs
+
+        def queryset(self, request, queryset):
+            if self.value() is not None:
+                return queryset.filter(**{path: self.value()})
+            return queryset
+
+    ChoicesFilter.title = title
+    ChoicesFilter.parameter_name = parameter_name or path
+    return ChoicesFilter
+
+
+def id_link(model: type[Model], pk: str | None, text: str | None = None) -> str:
+    """HTML link to the admin page of ``model`` row ``pk`` without loading it (``—`` for None)."""
+    if pk is None:
+        return "—"
+    opts = model._meta
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    return format_html('<a href="{}">{}</a>', url, text or pk)
+
+
+def prefixed_search(queryset: QuerySet, search_term: str, routes: dict[str, str], default: str | None = None):
+    """Search by exact value, routed by the id prefix: ``routes`` maps ``"sub_"`` to the field it names.
+
+    Each whitespace-separated term must match (as in Django's search): a term with a known
+    prefix filters the routed field, any other term the ``default`` field (no match when None).
+    Every lookup is an equality an index answers, never ``LIKE '%…%'`` over the table.
+    Returns ``(queryset, may_have_duplicates)`` like :meth:`ModelAdmin.get_search_results`.
+    """
+    for term in search_term.split():
+        path = next((field for prefix, field in routes.items() if term.startswith(prefix)), default)
+        queryset = queryset.filter(**{path: term}) if path else queryset.none()
+    return queryset, False
+
+
+# --- credentials: tenants and API keys ------------------------------------------------------------------------------
+
+
+def _secrets_page(request, model_admin, *, title: str, tenant: Tenant, keys: list[tuple[ApiKey, str]]):
+    """The only page that ever shows a key's secret: rendered in the creating POST's response, never cached."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": title,
+        "tenant": tenant,
+        "keys": keys,
+    }
+    response = TemplateResponse(request, "admin/hardcount/secret_once.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class TenantCreateForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ["name"]
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise forms.ValidationError("A tenant needs a name.")
+        return name
+
+
+class ApiKeyInline(ReadOnlyInline):
+    model = ApiKey
+    fields = ("key_hint", "livemode", "created_at", "revoked_at")
 
 
 @admin.register(Tenant)
 class TenantAdmin(ReadOnlyAdmin):
+    """Tenants; adding one issues its test and live keys (shown once), like ``manage.py createtenant``."""
+
     list_display = ("id", "name", "created_at")
-    search_fields = ("id", "name")
-    ordering = ("-created_at",)
+    search_fields = ("id__exact", "name")
+    form = TenantCreateForm
+    inlines = [ApiKeyInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else ("id", "created_at")
+
+    def get_inlines(self, request, obj):
+        return [] if obj is None else self.inlines
+
+    def has_add_permission(self, request, obj: Model | None = None) -> bool:
+        return admin.ModelAdmin.has_add_permission(self, request)
+
+    def save_model(self, request, obj: Tenant, form, change: bool) -> None:
+        with transaction.atomic():
+            obj.save()
+            obj.issued_keys = [ApiKey.issue(obj, livemode=False), ApiKey.issue(obj, livemode=True)]
+
+    def response_add(self, request, obj: Tenant, post_url_continue=None):
+        return _secrets_page(request, self, title=f"Tenant {obj.name} created", tenant=obj, keys=obj.issued_keys)
+
+
+class ApiKeyCreateForm(forms.ModelForm):
+    mode = forms.ChoiceField(choices=(("test", "test (hc_test_…)"), ("live", "live (hc_live_…)")))
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant"]
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(ReadOnlyAdmin):
+    """API keys: create one (its secret is shown once, only its hash is kept) or revoke some."""
+
     list_display = ("id", "key_hint", "tenant", "livemode", "created_at", "revoked_at")
-    list_filter = ("livemode", ("revoked_at", admin.EmptyFieldListFilter))
-    search_fields = ("id", "key_hint", "tenant__id", "tenant__name")
+    list_filter = (mode_filter(), ("revoked_at", admin.EmptyFieldListFilter), "tenant")
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "key_hint__startswith", "tenant__id__exact")
     exclude = ("key_hash",)
     actions = ["revoke"]
+    object_actions = (("revoke", "Revoke"),)
 
-    @admin.action(description="Revoke selected keys (requests with them get 401 at once)")
+    def has_add_permission(self, request, obj: Model | None = None) -> bool:
+        return admin.ModelAdmin.has_add_permission(self, request)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = ApiKeyCreateForm
+            kwargs["fields"] = ["tenant", "mode"]
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["tenant", "mode"]
+        return super().get_fields(request, obj)
+
+    def save_model(self, request, obj: ApiKey, form, change: bool) -> None:
+        row, secret = ApiKey.issue(form.cleaned_data["tenant"], livemode=form.cleaned_data["mode"] == "live")
+        for field in ApiKey._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(row, field.attname))
+        obj._state.adding = False
+        obj.issued_secret = secret
+
+    def response_add(self, request, obj: ApiKey, post_url_continue=None):
+        return _secrets_page(request, self, title="API key created", tenant=obj.tenant, keys=[(obj, obj.issued_secret)])
+
+    @admin.action(description="Revoke selected keys (requests with them get 401 at once)", permissions=["operate"])
     def revoke(self, request, queryset):
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {count} key(s).")
 
 
+class ResponseClassFilter(admin.SimpleListFilter):
+    """Idempotency records by the class of their stored response (or still in flight)."""
+
+    title = "response"
+    parameter_name = "response"
+    CLASSES = {
+        "2xx": Q(response_status__gte=200, response_status__lt=300),
+        "4xx": Q(response_status__gte=400, response_status__lt=500),
+        "5xx": Q(response_status__gte=500),
+        "in_flight": Q(completed_at__isnull=True),
+    }
+
+    def lookups(self, request, model_admin):
+        return (("2xx", "2xx"), ("4xx", "4xx"), ("5xx", "5xx"), ("in_flight", "in flight"))
+
+    def queryset(self, request, queryset):
+        predicate = self.CLASSES.get(self.value())
+        return queryset if predicate is None else queryset.filter(predicate)
+
+
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(ReadOnlyAdmin):
     list_display = ("key", "tenant", "livemode", "response_status", "created_at", "completed_at")
-    list_filter = ("livemode", "response_status")
-    search_fields = ("key", "tenant__id")
+    list_filter = (mode_filter(), ResponseClassFilter)
+    list_select_related = ("tenant",)
+    search_fields = ("key__exact", "tenant__id__exact")
