@@ -342,3 +342,40 @@ def test_a_test_clock_advance_takes_a_declining_card_through_its_schedule_to_the
     assert (invoice.status, invoice.marked_uncollectible_at) == ("uncollectible", start + 7 * DAY)
     assert (run.status, run.ended_at) == ("exhausted", start + 7 * DAY)
     assert Subscription.objects.get(pk=sub.id).status == "unpaid"
+
+
+def test_a_subscription_canceled_by_the_tenant_ends_its_run_without_a_charge(book, tenant, declined, stripe_proxy):
+    from billing.services.catalog import cancel_subscription
+
+    cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=declined.subscription.id)
+    stripe_proxy.clear()
+
+    assert process_due(livemode=False, as_of=declined.at + DAY) == 1
+
+    run = DunningRun.objects.get(pk=declined.run.pk)
+    assert (run.status, run.end_reason) == ("ended", "subscription_canceled")
+    assert charges_sent(stripe_proxy) == []
+    assert Invoice.objects.get(pk=declined.invoice.pk).status == "open"
+
+
+def test_a_customer_without_a_payment_method_waits_for_one_then_is_charged_with_it(
+    book, tenant, stripe_proxy, make_card
+):
+    from billing.services.customers import update_customer
+
+    declined = decline(book, tenant, card=None)
+    run = DunningRun.objects.get(pk=declined.run.pk)
+    assert (run.last_decline_code, run.waiting_for_payment_method) == ("payment_method_missing", True)
+    assert process_due(livemode=False, as_of=declined.at + 3 * DAY) == 0
+
+    update_customer(
+        tenant_id=tenant.id,
+        livemode=False,
+        customer_id=declined.subscription.customer_id,
+        default_payment_method=make_card(),
+    )
+    assert process_due(livemode=False) == 1
+
+    assert Invoice.objects.get(pk=declined.invoice.pk).status == "paid"
+    assert DunningRun.objects.get(pk=declined.run.pk).end_reason == "retry_succeeded"
+    assert len(charges_sent(stripe_proxy)) == 2  # attach the new card, create the PaymentIntent
