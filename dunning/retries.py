@@ -112,13 +112,26 @@ def process_due(
             if not fence.alive():
                 raise LeaseLost("dunning lease lost: stopped at a safe point")
             handled.append(claim.run_id)
-            if claim.action == RETRY:
-                _retry(claim, as_of=as_of, fence=fence)
-                if _settle_due(claim.run_id, as_of=as_of):
-                    _settle(claim, as_of=as_of, fence=fence)
-            elif claim.action == SETTLE:
-                _settle(claim, as_of=as_of, fence=fence)
+            try:
+                _act(claim, as_of=as_of, fence=fence)
+            except LeaseLost:
+                raise
+            except Exception:
+                # A deadlock, a lost connection or a bug in one run must not stop the others: the
+                # run stays claimed and is taken up again when its claim window ends.
+                log.exception(
+                    "dunning run %s (%s) failed; resumed after its claim window", claim.run_id, claim.invoice_id
+                )
     return len(handled)
+
+
+def _act(claim: Claim, *, as_of: datetime | None, fence: Fence) -> None:
+    if claim.action == RETRY:
+        _retry(claim, as_of=as_of, fence=fence)
+        if _settle_due(claim.run_id, as_of=as_of):
+            _settle(claim, as_of=as_of, fence=fence)
+    elif claim.action == SETTLE:
+        _settle(claim, as_of=as_of, fence=fence)
 
 
 # --- claim ------------------------------------------------------------------------------------------------------------
@@ -212,6 +225,14 @@ def _settle(claim: Claim, *, as_of: datetime | None, fence: Fence) -> None:
     policy = get_settings(tenant_id=run.tenant_id, livemode=run.livemode)
 
     def on_marked(invoice, subscription) -> None:
+        if subscription is not None:
+            # Every run of the subscription, locked in (created_at, id) order — the order a
+            # payment-method change locks a customer's runs in — before any is changed.
+            siblings = list(
+                DunningRun.objects.select_for_update()
+                .filter(invoice__subscription_id=subscription.id, status=DunningRun.ACTIVE)
+                .order_by("created_at", "id")
+            )
         run = _lock_active(claim.run_id)
         if run is None or run.attempt_started_at is not None or run.retry_requested_at is not None:
             raise _Revived
@@ -223,10 +244,9 @@ def _settle(claim: Claim, *, as_of: datetime | None, fence: Fence) -> None:
         emit_run_event(run, "dunning.exhausted", at)
         if subscription is not None and subscription.status == "canceled":
             # Nothing more is collected for a canceled subscription: its other runs end too.
-            for other in DunningRun.objects.select_for_update().filter(
-                invoice__subscription_id=subscription.id, status=DunningRun.ACTIVE
-            ):
-                end_run_locked(other, DunningRun.ENDED, DunningRun.SUBSCRIPTION_CANCELED, at=at)
+            for other in siblings:
+                if other.pk != run.pk:
+                    end_run_locked(other, DunningRun.ENDED, DunningRun.SUBSCRIPTION_CANCELED, at=at)
 
     try:
         result = collection.mark_uncollectible(

@@ -169,3 +169,26 @@ def test_a_pass_under_a_lost_lease_writes_nothing(book, tenant, stripe_proxy, al
 
     assert list(DunningRun.objects.values()) == before
     assert confirms(stripe_proxy) == []
+
+
+def test_a_run_whose_retry_raises_does_not_stop_the_others_and_is_resumed_later(
+    book, tenant, stripe_proxy, monkeypatch
+):
+    from billing.services import collection
+
+    invoices, due = _declined_invoices(book, tenant, 2)
+    real = collection.retry_invoice_payment
+
+    def flaky(invoice_id, **kwargs):
+        if invoice_id == invoices[0].id:
+            raise RuntimeError("a bug in one run")
+        return real(invoice_id, **kwargs)
+
+    monkeypatch.setattr(collection, "retry_invoice_payment", flaky)
+    assert process_due(livemode=False, as_of=due) == 2
+    assert list(_confirms_per_invoice(stripe_proxy)) == [invoices[1].id]
+
+    monkeypatch.setattr(collection, "retry_invoice_payment", real)
+    assert process_due(livemode=False, as_of=due + retries.claim_window()) == 1
+    assert _confirms_per_invoice(stripe_proxy) == Counter({inv.id: 1 for inv in invoices})
+    assert DunningRun.objects.get(invoice=invoices[0]).retries_done == 1  # the same retry, resumed
