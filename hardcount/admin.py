@@ -344,8 +344,14 @@ class ApiKeyAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Revoke selected keys (requests with them get 401 at once)", permissions=["operate"])
     def revoke(self, request, queryset):
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        rows = self.selected_rows(request, queryset)
+        if rows is None:
+            return None
+        count = ApiKey.objects.filter(pk__in=[key.pk for key in rows], revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
         self.message_user(request, f"Revoked {count} key(s).")
+        return self.after_action(request, rows)
 
 
 class ResponseClassFilter(admin.SimpleListFilter):

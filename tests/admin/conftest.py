@@ -1,7 +1,8 @@
-"""Admin fixtures: logged-in clients (superuser operator, view-only staff, non-staff) and billing's book.
+"""Admin fixtures: logged-in clients (superuser operator, view-only staff, non-staff), billing's book, outbox receivers.
 
 The billing fixtures (localstripe behind the fault proxy, the :class:`~tests.billing.conftest.Book`
-builder, the doctor sweep after each test that uses ``book``) are billing's own, imported here.
+builder, the doctor sweep after each test that uses ``book``) and the outbox's (real executors and
+HTTP receivers) are those apps' own, imported here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.billing.conftest import (  # noqa: F401 - fixtures used by this packa
     stripe_client,
     stripe_proxy,
 )
+from tests.outbox.conftest import make_executor, receiver  # noqa: F401 - the outbox's fixtures: executors, receivers
 
 PASSWORD = "pw-for-tests-only"
 
