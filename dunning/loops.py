@@ -4,7 +4,7 @@ A tick, under the ``dunning`` lease: the live-mode pass, then the test-mode pass
 wall-clock runs (a test clock's runs are due by its advance). Each pass claims due runs
 ``FOR UPDATE SKIP LOCKED`` and retries or settles them (:mod:`dunning.retries`); every write
 is checked against ``ctx.fence``, and a lost lease or a stop request ends the tick at the next
-safe point (before the next page or run).
+safe point (before the next page or run). The liveness stamp is written after every page.
 """
 
 from __future__ import annotations
@@ -32,6 +32,6 @@ class DunningRole:
         """One pass per mode; returns the number of runs acted on per mode, for the log line."""
         counts: dict[str, Any] = {}
         for livemode, mode in MODES:
-            counts[f"{mode}_runs"] = process_due(livemode=livemode, fence=ctx.fence)
+            counts[f"{mode}_runs"] = process_due(livemode=livemode, fence=ctx.fence, on_page=ctx.stamp)
             ctx.stamp()
         return counts

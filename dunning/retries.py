@@ -88,11 +88,13 @@ def process_due(
     test_clock_id: str | None = None,
     fence: Fence = NO_FENCE,
     limit: int | None = None,
+    on_page: Callable[[], object] | None = None,
 ) -> int:
     """Act on every due dunning run of one mode (see :func:`dunning.services.process_due`); returns how many.
 
     Page after page until a claim comes back empty; each run is acted on at most once per pass
-    (plus its end state, when its last retry is declined in this pass).
+    (plus its end state, when its last retry is declined in this pass). ``on_page()`` runs after
+    each page (the role's liveness stamp, so a long pass never looks stale).
     """
     if test_clock_id is not None and as_of is None:
         as_of = billing_time(test_clock_id)
@@ -122,6 +124,8 @@ def process_due(
                 log.exception(
                     "dunning run %s (%s) failed; resumed after its claim window", claim.run_id, claim.invoice_id
                 )
+        if on_page is not None:
+            on_page()
     return len(handled)
 
 

@@ -19,6 +19,7 @@ transactions), so it imports nothing from billing at load time; the retry pass l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -292,19 +293,23 @@ def process_due(
     test_clock_id: str | None = None,
     fence: Fence = NO_FENCE,
     limit: int | None = None,
+    on_page: Callable[[], object] | None = None,
 ) -> int:
     """Act on every dunning run due in one mode: retry it, or apply its end state. Returns how many.
 
     Wall-clock runs (``test_clock_id`` None) are due by ``as_of`` (None: the DB's now()) and
     runs on a test clock are never touched; with ``test_clock_id``, only that clock's runs,
-    due by ``as_of`` (None: the clock's ``frozen_time``). At most ``limit`` runs (None: all).
+    due by ``as_of`` (None: the clock's ``frozen_time``). At most ``limit`` runs (None: all);
+    ``on_page()`` runs after each page of up to 50 runs.
     Every write is fenced by ``fence``; raises :class:`~leases.fencing.LeaseLost` at a safe
     point once the fence is no longer alive. See :func:`dunning.retries.process_due`.
     """
     # Loaded here, not at import: dunning.retries imports billing's services, which import this module.
     from dunning import retries
 
-    return retries.process_due(livemode=livemode, as_of=as_of, test_clock_id=test_clock_id, fence=fence, limit=limit)
+    return retries.process_due(
+        livemode=livemode, as_of=as_of, test_clock_id=test_clock_id, fence=fence, limit=limit, on_page=on_page
+    )
 
 
 def next_due_at(*, test_clock_id: str, livemode: bool = False, after: datetime | None = None) -> datetime | None:

@@ -210,7 +210,7 @@ def test_the_dunning_role_retries_due_runs_of_both_modes_and_stamps_each(book, t
     )
 
     assert counts == {"live_runs": 0, "test_runs": 1}
-    assert len(stamps) == 2
+    assert len(stamps) == 3  # live: after the pass; test: after its page and after the pass
     assert DunningRun.objects.get(pk=declined.run.pk).retries_done == 1
 
 
