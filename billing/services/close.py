@@ -48,6 +48,7 @@ from billing.services.payments import (
 )
 from billing.tax import TaxableInvoice, TaxUnavailable, get_tax_provider
 from leases.fencing import NO_FENCE, Fence, LeaseLost
+from outbox import services as outbox_services
 from outbox.services import emit_event
 
 log = logging.getLogger("billing.close")
@@ -150,7 +151,7 @@ def _prepare(
     manual_retry: bool,
 ) -> ChargePlan | Outcome:
     """Step 1. Returns the plan to charge, or the outcome when the close ends without a call."""
-    with transaction.atomic():
+    with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
         if not lock_due_subscription(
             subscription_id,

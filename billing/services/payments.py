@@ -37,6 +37,7 @@ from dunning import services as dunning_services
 from hardcount.errors import StateConflictError
 from hardcount.money import minimum_charge
 from leases.fencing import NO_FENCE, Fence
+from outbox import services as outbox_services
 from outbox.services import emit_event
 
 log = logging.getLogger("billing.payments")
@@ -403,7 +404,7 @@ def record_outcome(
     the attempt. ``on_record(invoice, attempt, outcome)`` runs inside the transaction (dunning's
     hook). Returns the :class:`Outcome`; writes ``run``'s billing attempt row when given.
     """
-    with transaction.atomic():
+    with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
         subscription = None
         if plan.subscription_id:
