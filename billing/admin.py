@@ -29,13 +29,25 @@ from billing.models import (
     TestClock,
 )
 from billing.services import catalog, drain, invoices
-from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search
+from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search, short_time
 from hardcount.errors import ServiceError
 from hardcount.money import format_amount
 
 SCOPE_FILTERS = (mode_filter(), "tenant")
 # A search term matching more customers than this (one email in many tenants) shows their first ones.
 SEARCH_CUSTOMER_LIMIT = 100
+
+
+class ScopeColumns:
+    """``tenant_name`` and ``mode`` list columns (short, for wide lists; needs ``tenant`` selected)."""
+
+    @admin.display(description="tenant")
+    def tenant_name(self, obj) -> str:
+        return obj.tenant.name
+
+    @admin.display(description="mode")
+    def mode(self, obj) -> str:
+        return "live" if obj.livemode else "test"
 
 
 def _money(amount_field: str, description: str):
@@ -108,7 +120,16 @@ class SubscriptionInvoiceInline(ReadOnlyInline):
     model = Invoice
     fk_name = "subscription"
     verbose_name_plural = "invoices (newest 50)"
-    fields = ("number", "status", "tax_status", "period_start", "period_end", "total_display", "amount_due_display")
+    fields = (
+        "row_link",
+        "number",
+        "status",
+        "tax_status",
+        "period_start",
+        "period_end",
+        "total_display",
+        "amount_due_display",
+    )
     readonly_fields = fields
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
@@ -117,7 +138,7 @@ class SubscriptionInvoiceInline(ReadOnlyInline):
 class SubscriptionBillingAttemptInline(ReadOnlyInline):
     model = BillingAttempt
     verbose_name_plural = "billing attempts (newest 50)"
-    fields = ("created_at", "run_link", "outcome", "failure_number", "invoice_link", "error")
+    fields = ("row_link", "created_at", "run_link", "outcome", "failure_number", "invoice_link", "error")
     readonly_fields = fields
 
     @admin.display(description="run")
@@ -130,21 +151,21 @@ class SubscriptionBillingAttemptInline(ReadOnlyInline):
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(ReadOnlyAdmin):
+class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
     """Subscriptions by tenant, mode, status and billing state; retry billing and cancel as actions."""
 
     list_display = (
         "id",
-        "customer",
+        "customer_email",
         "plan",
         "status",
         "billing_state_display",
-        "next_billing_at",
-        "billing_failure_count",
-        "next_billing_attempt_at",
+        "next_billing",
+        "failures",
+        "next_attempt",
         "last_error",
-        "tenant",
-        "livemode",
+        "tenant_name",
+        "mode",
     )
     list_filter = (*SCOPE_FILTERS, "status", BillingStateFilter)
     list_select_related = ("customer", "price", "tenant")
@@ -162,6 +183,19 @@ class SubscriptionAdmin(ReadOnlyAdmin):
     fieldsets = (
         (None, {"fields": ("id", "tenant", "livemode", "customer", "price", "status", "test_clock", "metadata")}),
         (
+            "Billing failure state",
+            {
+                "fields": (
+                    "billing_state_display",
+                    "billing_failure_count",
+                    "next_billing_attempt_at",
+                    "billing_parked_at",
+                    "last_billing_error",
+                )
+            },
+        ),
+        ("Payment attempts (newest 50)", {"fields": ("payment_attempts",)}),
+        (
             "Billing periods",
             {
                 "fields": (
@@ -177,22 +211,13 @@ class SubscriptionAdmin(ReadOnlyAdmin):
                 )
             },
         ),
-        (
-            "Billing failure state",
-            {
-                "fields": (
-                    "billing_state_display",
-                    "billing_failure_count",
-                    "next_billing_attempt_at",
-                    "billing_parked_at",
-                    "last_billing_error",
-                )
-            },
-        ),
-        ("Payment attempts (newest 50)", {"fields": ("payment_attempts",)}),
         (None, {"fields": ("created_at", "updated_at")}),
     )
     readonly_fields = ("billing_state_display", "payment_attempts")
+
+    @admin.display(description="customer")
+    def customer_email(self, sub: Subscription) -> str:
+        return sub.customer.email
 
     @admin.display(description="plan")
     def plan(self, sub: Subscription) -> str:
@@ -203,6 +228,18 @@ class SubscriptionAdmin(ReadOnlyAdmin):
     @admin.display(description="billing state")
     def billing_state_display(self, sub: Subscription) -> str:
         return sub.billing_state
+
+    @admin.display(description="next billing")
+    def next_billing(self, sub: Subscription) -> str:
+        return short_time(sub.next_billing_at)
+
+    @admin.display(description="failures")
+    def failures(self, sub: Subscription) -> int:
+        return sub.billing_failure_count
+
+    @admin.display(description="next attempt")
+    def next_attempt(self, sub: Subscription) -> str:
+        return short_time(sub.next_billing_attempt_at)
 
     @admin.display(description="last error")
     def last_error(self, sub: Subscription):
@@ -220,7 +257,7 @@ class SubscriptionAdmin(ReadOnlyAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    a.started_at,
+                    short_time(a.started_at),
                     id_link(Invoice, a.invoice_id),
                     a.attempt_number,
                     a.outcome,
@@ -328,12 +365,13 @@ def _retry_result(sub: Subscription, attempt: BillingAttempt) -> tuple[str, int]
 class LineItemInline(ReadOnlyInline):
     model = InvoiceLineItem
     fields = ("description", "price", "quantity", "amount", "currency", "period_start", "period_end")
-    show_change_link = False
+    ordering = ("pk",)
 
 
 class PaymentAttemptInline(ReadOnlyInline):
     model = PaymentAttempt
     fields = (
+        "row_link",
         "attempt_number",
         "outcome",
         "amount",
@@ -344,23 +382,24 @@ class PaymentAttemptInline(ReadOnlyInline):
         "started_at",
         "completed_at",
     )
+    readonly_fields = fields
 
 
 @admin.register(Invoice)
-class InvoiceAdmin(ReadOnlyAdmin):
+class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
     """Invoices by tenant, mode, status and tax status; retry payment and void as actions."""
 
     list_display = (
         "id",
         "number",
-        "customer",
+        "customer_email",
         "status",
         "tax_status",
         "total_display",
         "amount_due_display",
-        "period_start",
-        "tenant",
-        "livemode",
+        "period",
+        "tenant_name",
+        "mode",
     )
     list_filter = (*SCOPE_FILTERS, "status", "tax_status")
     list_select_related = ("customer", "tenant")
@@ -380,6 +419,14 @@ class InvoiceAdmin(ReadOnlyAdmin):
             {"in_": "pk", "cus_": "customer_id", "sub_": "subscription_id", "pi_": "payment_intent_id"},
             default="number",
         )
+
+    @admin.display(description="customer")
+    def customer_email(self, invoice: Invoice) -> str:
+        return invoice.customer.email
+
+    @admin.display(description="period start")
+    def period(self, invoice: Invoice) -> str:
+        return short_time(invoice.period_start)
 
     @admin.action(description="Retry payment now (open invoices)", permissions=["operate"])
     def retry_payment(self, request, queryset):
@@ -501,7 +548,7 @@ class PaymentAttemptAdmin(ReadOnlyAdmin):
 class RunAttemptInline(ReadOnlyInline):
     model = BillingAttempt
     verbose_name_plural = "attempts (first 50; the run's full list is linked above)"
-    fields = ("created_at", "subscription_link", "outcome", "failure_number", "invoice_link", "error")
+    fields = ("row_link", "created_at", "subscription_link", "outcome", "failure_number", "invoice_link", "error")
     readonly_fields = fields
     ordering = ("pk",)
 

@@ -16,6 +16,8 @@ fixed choices (never a ``SELECT DISTINCT`` over the table), and actions take at 
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -31,6 +33,12 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from hardcount.models import ApiKey, IdempotencyRecord, Tenant
+
+admin.site.site_header = "Hardcount operations"
+admin.site.site_title = "Hardcount"
+admin.site.index_title = "Billing operations"
+# Lists are wide (ids, failure columns): the page's width goes to them; the index lists every model.
+admin.site.enable_nav_sidebar = False
 
 # Lists count matching rows up to this many; beyond it the page says "more than 10000" and
 # offers the first COUNT_CAP / list_per_page pages (narrow with filters or search to go further).
@@ -69,10 +77,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     list_per_page = 50
     show_full_result_count = False  # counting big tables on every page is slow
+    show_facets = admin.ShowFacets.NEVER  # facet counts are a COUNT per filter choice over the table
     paginator = CappedCountPaginator
     # Time-ordered primary keys (hardcount.ids) sort newest first on the primary key's index.
     ordering = ("-pk",)
     change_form_template = "admin/hardcount/change_form.html"
+    change_list_template = "admin/hardcount/change_list.html"
     # Buttons on an object's page: (action name, label) pairs of this admin's actions.
     object_actions: tuple[tuple[str, str], ...] = ()
 
@@ -84,6 +94,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj: Model | None = None) -> bool:
         return False
+
+    def get_readonly_fields(self, request, obj: Model | None = None):
+        # A view page shows the fields a form cannot edit too (ids, creation times, sequences).
+        declared = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            return declared
+        hidden = {*(self.exclude or ()), *declared}
+        return [f.name for f in self.opts.concrete_fields if not f.editable and f.name not in hidden] + declared
 
     def has_operate_permission(self, request) -> bool:
         """May the user run this admin's actions? Those who hold the model's ``change`` permission may.
@@ -154,13 +172,28 @@ class RecentRowsFormSet(BaseInlineFormSet):
 
 
 class ReadOnlyInline(admin.TabularInline):
-    """View-only inline rows: the newest :attr:`RecentRowsFormSet.limit` of them."""
+    """View-only inline rows: the newest :attr:`RecentRowsFormSet.limit` of them.
+
+    Rows are compact (the ``hc-rows`` class hides Django's per-row caption); put ``row_link``
+    first in ``fields`` (and in ``readonly_fields``) for a link to the row's own page.
+    """
 
     extra = 0
     can_delete = False
-    show_change_link = True
+    show_change_link = False
+    classes = ("hc-rows",)
     formset = RecentRowsFormSet
     ordering = ("-pk",)
+
+    def get_readonly_fields(self, request, obj: Model | None = None):
+        return (
+            *super().get_readonly_fields(request, obj),
+            *(f for f in self.fields or () if f not in self.readonly_fields),
+        )
+
+    @admin.display(description="id")
+    def row_link(self, obj: Model) -> str:
+        return id_link(type(obj), obj.pk)
 
     def has_add_permission(self, request, obj: Model | None = None) -> bool:
         return False
@@ -223,6 +256,11 @@ def id_link(model: type[Model], pk: str | None, text: str | None = None) -> str:
     return format_html('<a href="{}">{}</a>', url, text or pk)
 
 
+def short_time(value) -> str:
+    """A list column's timestamp: ``2026-12-15 23:30`` (UTC, like every time here); ``-`` for None."""
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
 def prefixed_search(queryset: QuerySet, search_term: str, routes: dict[str, str], default: str | None = None):
     """Search by exact value, routed by the id prefix: ``routes`` maps ``"sub_"`` to the field it names.
 
@@ -268,7 +306,8 @@ class TenantCreateForm(forms.ModelForm):
 
 class ApiKeyInline(ReadOnlyInline):
     model = ApiKey
-    fields = ("key_hint", "livemode", "created_at", "revoked_at")
+    fields = ("row_link", "key_hint", "livemode", "created_at", "revoked_at")
+    readonly_fields = fields
 
 
 @admin.register(Tenant)

@@ -112,7 +112,7 @@ def dashboard() -> Dashboard:
 
 
 def format_age(seconds: float | None) -> str:
-    """``42 s``, ``3 min``, ``5 h 12 min``, ``2 d 4 h``; ``—`` for None."""
+    """``42 s``, ``3 min``, ``1 h``, ``5 h 12 min``, ``2 d 4 h``; ``—`` for None."""
     if seconds is None:
         return "—"
     s = int(seconds)
@@ -121,5 +121,7 @@ def format_age(seconds: float | None) -> str:
     if s < 3600:
         return f"{s // 60} min"
     if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"
+        hours, minutes = divmod(s, 3600)
+        return f"{hours} h {minutes // 60} min" if minutes >= 60 else f"{hours} h"
+    days, hours = s // 86400, s % 86400 // 3600
+    return f"{days} d {hours} h" if hours else f"{days} d"

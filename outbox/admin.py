@@ -7,7 +7,15 @@ does: a new delivery of the same event, with its own attempts.
 
 from django.contrib import admin, messages
 
-from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, choices_filter, id_link, mode_filter, prefixed_search
+from hardcount.admin import (
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    choices_filter,
+    id_link,
+    mode_filter,
+    prefixed_search,
+    short_time,
+)
 from hardcount.errors import ServiceError
 from outbox.models import Delivery, DeliveryAttempt, Event, WebhookEndpoint
 from outbox.services import EVENT_TYPES, replay_delivery
@@ -40,21 +48,18 @@ class DeliveryAttemptInline(ReadOnlyInline):
     model = DeliveryAttempt
     fields = ("number", "outcome", "status_code", "latency_ms", "error", "response_excerpt", "executor", "created_at")
     ordering = ("number",)
-    show_change_link = False
 
 
 @admin.register(Delivery)
 class DeliveryAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
-        "event_link",
         "event_type",
         "endpoint_link",
         "status",
         "attempts",
-        "fire_after",
-        "claimed_by",
-        "completed_at",
+        "fire_after_display",
+        "completed_at_display",
         "replay_of_link",
     )
     list_filter = (
@@ -77,6 +82,14 @@ class DeliveryAdmin(ReadOnlyAdmin):
     @admin.display(description="event")
     def event_link(self, delivery: Delivery):
         return id_link(Event, delivery.event_id)
+
+    @admin.display(description="fire after")
+    def fire_after_display(self, delivery: Delivery) -> str:
+        return short_time(delivery.fire_after)
+
+    @admin.display(description="completed at")
+    def completed_at_display(self, delivery: Delivery) -> str:
+        return short_time(delivery.completed_at)
 
     @admin.display(description="event type")
     def event_type(self, delivery: Delivery) -> str:

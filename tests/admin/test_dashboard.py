@@ -99,10 +99,5 @@ def test_dashboard_reports_a_database_error_instead_of_failing_the_page(operator
 
 
 def test_ages_read_like_an_operator_would_say_them():
-    assert [format_age(s) for s in (None, 42, 300, 5 * 3600 + 12 * 60, 2 * 86400 + 4 * 3600)] == [
-        "—",
-        "42 s",
-        "5 min",
-        "5 h 12 min",
-        "2 d 4 h",
-    ]
+    ages = (None, 42, 300, 3600, 5 * 3600 + 12 * 60, 2 * 86400 + 4 * 3600, 3 * 86400)
+    assert [format_age(s) for s in ages] == ["—", "42 s", "5 min", "1 h", "5 h 12 min", "2 d 4 h", "3 d"]

@@ -1,0 +1,47 @@
+"""Every model's list and object page renders for a book that went through billing, dunning and webhooks."""
+
+from datetime import timedelta
+
+from django.apps import apps
+from django.urls import reverse
+from django.utils import timezone
+
+from billing.models import TestClock
+from billing.services.drain import drain_due
+from billing.services.ledger import grant_credit
+from dunning.models import DunningSettings
+from hardcount.models import ApiKey, IdempotencyRecord
+from leases.models import LeaderLease
+from outbox.models import Delivery, DeliveryAttempt
+from tests.billing.conftest import DECLINING_CARD
+from tests.outbox.conftest import make_endpoint
+
+APPS = ("hardcount", "billing", "dunning", "outbox", "leases")
+
+
+def test_every_list_and_object_page_renders(book, no_doctor, operator):
+    # no_doctor: a few rows below (a delivery attempt, a lease, a clock) are written straight to the tables.
+    tenant = book.tenant()
+    make_endpoint(tenant, "https://example.com/hook")
+    paying = book.subscribed(tenant)
+    book.subscribed(tenant, card=DECLINING_CARD)
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
+    delivery = Delivery.objects.first()
+    DeliveryAttempt.objects.create(delivery=delivery, number=1, outcome="retryable", status_code=503, error="503")
+    now = timezone.now()
+    LeaderLease.objects.create(role="billing", holder="h:1:ab", token=1, heartbeat_at=now, expires_at=now)
+    TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
+    DunningSettings.objects.create(tenant=tenant, livemode=False)
+    ApiKey.issue(tenant, livemode=False)
+    IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="k1", request_fingerprint="f" * 64)
+
+    for app in APPS:
+        for model in apps.get_app_config(app).get_models():
+            opts = model._meta
+            listed = operator.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+            assert listed.status_code == 200, opts.label
+            row = model.objects.first()
+            assert row is not None, f"no {opts.label} row in the book"
+            page = operator.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[row.pk]))
+            assert page.status_code == 200, opts.label
