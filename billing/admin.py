@@ -215,6 +215,13 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
     )
     readonly_fields = ("billing_state_display", "payment_attempts")
 
+    def object_action_applies(self, sub: Subscription, action: str) -> bool:
+        if action == "retry_billing":
+            return sub.billing_state != "ok" and sub.status in Subscription.BILLABLE_STATUSES
+        if action == "cancel_at_period_end":
+            return sub.status != Subscription.CANCELED and not sub.cancel_at_period_end
+        return sub.status != Subscription.CANCELED
+
     @admin.display(description="customer")
     def customer_email(self, sub: Subscription) -> str:
         return sub.customer.email
@@ -419,6 +426,11 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
             {"in_": "pk", "cus_": "customer_id", "sub_": "subscription_id", "pi_": "payment_intent_id"},
             default="number",
         )
+
+    def object_action_applies(self, invoice: Invoice, action: str) -> bool:
+        if action == "retry_payment":
+            return invoice.status == Invoice.OPEN
+        return invoice.status in (Invoice.DRAFT, Invoice.OPEN)
 
     @admin.display(description="customer")
     def customer_email(self, invoice: Invoice) -> str:

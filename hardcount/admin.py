@@ -112,13 +112,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra_context = {
-            **(extra_context or {}),
-            "can_operate": self.has_operate_permission(request),
-            "object_actions": self.object_actions,
-        }
-        return super().change_view(request, object_id, form_url, extra_context)
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):  # noqa: PLR0917 - Django's signature
+        if obj is not None:
+            context["can_operate"] = self.has_operate_permission(request)
+            context["object_actions"] = [
+                (action, label) for action, label in self.object_actions if self.object_action_applies(obj, action)
+            ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def object_action_applies(self, obj: Model, action: str) -> bool:
+        """Whether ``obj``'s page offers the button of ``action`` (the service still decides; this hides
+        buttons that could only be refused)."""
+        return True
 
     def selected_rows(self, request, queryset: QuerySet) -> list[Model] | None:
         """The action's rows (oldest first), or None after telling the user the selection is too large."""
@@ -359,6 +364,9 @@ class ApiKeyAdmin(ReadOnlyAdmin):
 
     def has_add_permission(self, request, obj: Model | None = None) -> bool:
         return admin.ModelAdmin.has_add_permission(self, request)
+
+    def object_action_applies(self, obj: ApiKey, action: str) -> bool:
+        return obj.revoked_at is None
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         if obj is None:

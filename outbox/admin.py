@@ -79,6 +79,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(queryset, search_term, {"whd_": "pk", "evt_": "event_id", "we_": "endpoint_id"})
 
+    def object_action_applies(self, delivery: Delivery, action: str) -> bool:
+        return delivery.status in (Delivery.SUCCEEDED, Delivery.FAILED)
+
     @admin.display(description="event")
     def event_link(self, delivery: Delivery):
         return id_link(Event, delivery.event_id)

@@ -231,4 +231,6 @@ def test_detail_page_of_a_waiting_subscription_shows_its_failure_state(tenant, o
     page = operator.get(_change_url(sub)).content.decode()
 
     assert "waiting" in page and "gateway: 503 Service Unavailable" in page
-    assert 'value="retry_billing"' in page  # the page's own action buttons
+    assert 'value="retry_billing"' in page and 'value="cancel_now"' in page  # the page's own action buttons
+    healthy = operator.get(_change_url(rows.subscription(tenant))).content.decode()
+    assert 'value="retry_billing"' not in healthy and 'value="cancel_now"' in healthy  # nothing to retry
