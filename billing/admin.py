@@ -513,12 +513,13 @@ class InvoiceCounterAdmin(ReadOnlyAdmin):
 class LedgerEntryAdmin(ReadOnlyAdmin):
     """The credit ledger: append-only, so no change, no delete, not even for superusers (SPEC §2)."""
 
-    list_display = ("id", "created_at", "customer", "reason", "amount_display", "balance_after", "invoice")
+    list_display = ("id", "created_at", "customer", "reason", "amount_display", "balance_display", "invoice")
     list_filter = (*SCOPE_FILTERS, "reason")
     list_select_related = ("customer", "invoice")
     search_fields = ("id",)
     search_help_text = "Exact entry id (cbtxn_…), customer id (cus_…) or invoice id (in_…)."
     amount_display = _money("amount", "amount")
+    balance_display = _money("balance_after", "balance after")
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(queryset, search_term, {"cbtxn_": "pk", "cus_": "customer_id", "in_": "invoice_id"})
