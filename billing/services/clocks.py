@@ -27,14 +27,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 
 from dateutil.relativedelta import relativedelta
 from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import Max
 
-from billing.models import BillingRun, Customer, Subscription, TestClock
+from billing.models import BillingRun, Customer, PaymentAttempt, Subscription, TestClock
+from billing.queries import database_now
 from billing.representations import iso, test_clock_data
 from billing.services.drain import drain_due
+from billing.services.payments import in_flight_window
 from dunning import services as dunning_services
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_event
@@ -302,6 +306,7 @@ def _walk(clock: TestClock) -> None:
     """Process every instant from the clock's time to its target, in order (see the module docstring)."""
     target = clock.advance_target
     instant = clock.frozen_time
+    _wait_out_payments_in_flight(clock)
     if not _due_by(clock, instant):
         instant = _next_instant(clock, after=instant, target=target)
     while instant is not None:
@@ -314,6 +319,30 @@ def _walk(clock: TestClock) -> None:
         # Whatever is still due by this instant failed here; the drain tries it again (once) at
         # every later instant, and the clock's last_failure says why.
         instant = _next_instant(clock, after=instant, target=target)
+
+
+def _wait_out_payments_in_flight(clock: TestClock) -> None:
+    """Wait until no payment of the clock's invoices is in flight (``unknown``, younger than the window).
+
+    Only a walker that died mid-charge leaves such a payment behind: until the in-flight window
+    (:func:`billing.services.payments.in_flight_window`, wall-clock) has passed, the drain skips its
+    subscription as "being charged elsewhere", and a resumed walk would leave that period unbilled.
+    After the window the drain re-sends the attempt under its own idempotency key.
+    """
+    window = in_flight_window()
+    while True:
+        with transaction.atomic():
+            now = database_now()
+            latest = PaymentAttempt.objects.filter(
+                outcome=PaymentAttempt.UNKNOWN,
+                invoice__subscription__test_clock_id=clock.id,
+                started_at__gt=now - window,
+            ).aggregate(latest=Max("started_at"))["latest"]
+        if latest is None:
+            return
+        wait_s = (latest + window - now).total_seconds()
+        log.info("test clock %s waits %.1f s for a payment left in flight by a stopped walk", clock.id, wait_s)
+        time.sleep(max(wait_s, 0.0) + 0.05)
 
 
 def _process_instant(clock: TestClock, instant: datetime) -> int:
@@ -354,38 +383,33 @@ def _next_instant(clock: TestClock, *, after: datetime, target: datetime) -> dat
     return min(candidates, default=None)
 
 
-def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
-    """The earliest ``next_billing_at`` of the clock's billable, unparked subscriptions (after ``after``)."""
-    subscriptions = Subscription.objects.filter(
+def _billable(clock: TestClock):
+    """The clock's subscriptions the drain may bill (billable status, not parked, a next billing time)."""
+    return Subscription.objects.filter(
         test_clock_id=clock.id, status__in=BILLABLE, billing_parked_at__isnull=True, next_billing_at__isnull=False
     )
+
+
+def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
+    """The earliest ``next_billing_at`` of the clock's billable, unparked subscriptions (after ``after``)."""
+    subscriptions = _billable(clock)
     if after is not None:
         subscriptions = subscriptions.filter(next_billing_at__gt=after)
     first = subscriptions.order_by("next_billing_at").values_list("next_billing_at", flat=True).first()
     return first
 
 
-# --- the dunning integration point ----------------------------------------------------------------------------------
-# dunning.services provides (issue 6, helper F):
-#   process_due(*, livemode, as_of=None, test_clock_id=None, fence=NO_FENCE, limit=None) -> int
-#       retries the clock's dunning runs due by ``as_of``; returns how many it processed;
-#   next_due_at(*, livemode, test_clock_id, after=None) -> datetime | None
-#       the earliest due time of the clock's active dunning runs (after ``after``).
-# Until both exist, the walk bills periods only (tests/clocks/test_dunning.py exercises the join).
+# --- dunning (SPEC §5): the clock's dunning runs are due by the clock, like its subscriptions ------------------------
 
 
 def _dunning_process(clock: TestClock, instant: datetime) -> int:
-    process_due = getattr(dunning_services, "process_due", None)
-    if process_due is None:
-        return 0
-    return process_due(livemode=clock.livemode, as_of=instant, test_clock_id=clock.id)
+    """Retry (or end) the clock's dunning runs due by ``instant``; returns how many were acted on."""
+    return dunning_services.process_due(livemode=clock.livemode, as_of=instant, test_clock_id=clock.id)
 
 
 def _dunning_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
-    next_due_at = getattr(dunning_services, "next_due_at", None)
-    if next_due_at is None:
-        return None
-    return next_due_at(livemode=clock.livemode, test_clock_id=clock.id, after=after)
+    """The earliest due time of the clock's active dunning runs (after ``after``)."""
+    return dunning_services.next_due_at(livemode=clock.livemode, test_clock_id=clock.id, after=after)
 
 
 # --- the clock row --------------------------------------------------------------------------------------------------
@@ -407,7 +431,14 @@ def _finish(clock_id: str) -> None:
         clock.frozen_time = max(clock.frozen_time, clock.advance_target)
         clock.status = TestClock.READY
         clock.advance_target = None
-        clock.save(update_fields=["frozen_time", "status", "advance_target"])
+        still_due = _billable(clock).filter(next_billing_at__lte=clock.frozen_time).count()
+        if still_due and not clock.last_failure:
+            # Not a failure the close recorded (those set last_failure themselves): say what is left.
+            clock.last_failure = (
+                f"{still_due} subscription(s) still due at {iso(clock.frozen_time)}: their period could not be "
+                "closed during the advance; the next advance tries them again."
+            )
+        clock.save(update_fields=["frozen_time", "status", "advance_target", "last_failure"])
         emit_event(
             tenant_id=clock.tenant_id,
             livemode=clock.livemode,

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 from dateutil.relativedelta import relativedelta
+from psycopg.types.datetime import TimestamptzLoader
 
 from billing.models import Invoice, Subscription
 from tests.billing.conftest import events
@@ -84,3 +85,111 @@ def test_yearly_subscription_anchored_feb_29_bills_feb_28_in_common_years_and_fe
     sub.refresh_from_db()
     assert sub.next_billing_at == _utc(2033, 2, 28, 12)
     assert sub.status == Subscription.ACTIVE
+
+
+class _InstantLoader(TimestamptzLoader):
+    """Reads a ``timestamptz`` as the instant it is, whatever the session's zone, in UTC.
+
+    Django's own loader assumes every session speaks UTC and *replaces* the zone of what it
+    reads with UTC; in a New York session that would shift every instant by 4 or 5 hours. This
+    one converts instead, so a New York session is read correctly and the test shows only what
+    the session's zone does to the SQL itself (day arithmetic, truncation, casts to dates).
+    """
+
+    timezone = UTC  # what Django compares with before installing its own loader on a cursor
+
+    def load(self, data):
+        return super().load(data).astimezone(UTC)
+
+
+def _speak_new_york(django_connection) -> None:
+    django_connection.ensure_connection()
+    django_connection.connection.adapters.register_loader("timestamptz", _InstantLoader)
+    with django_connection.cursor() as cursor:
+        cursor.execute("SET TIME ZONE 'America/New_York'")
+
+
+@pytest.fixture
+def new_york_sessions():
+    """Every database session of the test speaks America/New_York: the test's own and every one a
+    thread opens (the advance's walk, the drain's closes), set after Django's own UTC set-up."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    opened = []
+
+    def on_connect(sender, connection, **kwargs):
+        _speak_new_york(connection)
+        opened.append(connection.alias)
+
+    connection_created.connect(on_connect)
+    _speak_new_york(connection)
+    try:
+        yield opened
+    finally:
+        connection_created.disconnect(on_connect)
+        connection.close()  # the next query reconnects with Django's UTC set-up
+
+
+def test_weekly_subscription_across_both_dst_changes_of_a_new_york_session_keeps_utc_instants(
+    book, tenant, new_york_sessions
+):
+    from django.db import connection
+
+    # Mondays 17:00 UTC: 12:00 EST until March 14 2027, 13:00 EDT until November 7, 12:00 EST after.
+    anchor = _utc(2027, 3, 1, 17)
+    clock = make_clock(tenant, anchor)
+    sub = subscribe(book, clock, interval="week")
+
+    advance(clock, _utc(2027, 11, 30, 17))
+
+    expected = [anchor + relativedelta(weeks=n) for n in range(40)]  # Mar 1 … Nov 29
+    assert expected[-1] == _utc(2027, 11, 29, 17)
+    invoices = _invoices(sub)
+    assert [i.period_start for i in invoices] == expected
+    assert [i.period_end for i in invoices] == [*expected[1:], _utc(2027, 12, 6, 17)]
+    assert [i.created_at for i in invoices] == expected
+    assert [e.created_at for e in events("invoice.created", data__subscription=sub.id)] == expected
+    assert {(i.period_end - i.period_start).total_seconds() for i in invoices} == {7 * 24 * 3600}
+    # The sessions really were in New York time: the database renders the stored instants locally,
+    # 12:00 in winter and 13:00 in summer, and the advance's threads opened sessions of their own.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT to_char(period_start, 'HH24:MI TZ') FROM billing_invoice WHERE subscription_id = %s",
+            [sub.id],
+        )
+        assert sorted(row[0] for row in cursor.fetchall()) == ["12:00 EST", "13:00 EDT"]
+    assert new_york_sessions
+
+
+def test_trial_end_renewals_and_cancel_at_period_end_happen_at_their_own_times(book, tenant):
+    from billing.services.catalog import cancel_subscription
+
+    start = _utc(2027, 5, 10, 8)
+    clock = make_clock(tenant, start)
+    trialing = subscribe(book, clock, trial_period_days=14)
+    canceling = subscribe(book, clock)
+    assert (trialing.status, trialing.next_billing_at) == ("trialing", _utc(2027, 5, 24, 8))
+
+    clock = advance(clock, _utc(2027, 5, 11, 8))
+    cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=canceling.id, at_period_end=True)
+    advance(clock, _utc(2027, 8, 1))
+
+    trialing.refresh_from_db()
+    canceling.refresh_from_db()
+    assert [i.period_start for i in _invoices(trialing)] == [
+        _utc(2027, 5, 24, 8),
+        _utc(2027, 6, 24, 8),
+        _utc(2027, 7, 24, 8),
+    ]
+    assert trialing.status == Subscription.ACTIVE
+    first_update = events("subscription.updated", data__id=trialing.id)[0]
+    assert (first_update.created_at, first_update.data["status"]) == (_utc(2027, 5, 24, 8), "active")
+    # Billed once, then ended when its period ended: nothing billed after.
+    assert [i.period_start for i in _invoices(canceling)] == [start]
+    assert (canceling.status, canceling.ended_at, canceling.canceled_at) == (
+        Subscription.CANCELED,
+        _utc(2027, 6, 10, 8),
+        _utc(2027, 5, 11, 8),
+    )
+    assert [e.created_at for e in events("subscription.canceled", data__id=canceling.id)] == [_utc(2027, 6, 10, 8)]
