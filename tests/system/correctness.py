@@ -363,11 +363,15 @@ def audit_book(seeded: SeededBook, proxy, *, expect_final_states: bool = True) -
     return audit
 
 
-def doctor_violations() -> dict[str, list[str]]:
-    """Failing checks of the money-invariant sweep (``manage.py doctor``) → example violations."""
+def doctor_violations() -> dict[str, tuple[int, list[str]]]:
+    """Failing checks of the money-invariant sweep (``manage.py doctor``) → (violations, examples)."""
     from hardcount import doctor
 
-    return {r.name: r.examples for r in doctor.run_checks() if r.status not in (doctor.OK, doctor.NOT_CHECKED)}
+    return {
+        r.name: (r.violations, r.examples or [r.note])
+        for r in doctor.run_checks()
+        if r.status not in (doctor.OK, doctor.NOT_CHECKED)
+    }
 
 
 # --- the report -----------------------------------------------------------------------------------------------------
