@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 
 import pytest
 from dateutil.relativedelta import relativedelta
-from psycopg.types.datetime import TimestamptzLoader
 
 from billing.models import Invoice, Subscription
 from tests.billing.conftest import events
@@ -85,50 +84,6 @@ def test_yearly_subscription_anchored_feb_29_bills_feb_28_in_common_years_and_fe
     sub.refresh_from_db()
     assert sub.next_billing_at == _utc(2033, 2, 28, 12)
     assert sub.status == Subscription.ACTIVE
-
-
-class _InstantLoader(TimestamptzLoader):
-    """Reads a ``timestamptz`` as the instant it is, whatever the session's zone, in UTC.
-
-    Django's own loader assumes every session speaks UTC and *replaces* the zone of what it
-    reads with UTC; in a New York session that would shift every instant by 4 or 5 hours. This
-    one converts instead, so a New York session is read correctly and the test shows only what
-    the session's zone does to the SQL itself (day arithmetic, truncation, casts to dates).
-    """
-
-    timezone = UTC  # what Django compares with before installing its own loader on a cursor
-
-    def load(self, data):
-        return super().load(data).astimezone(UTC)
-
-
-def _speak_new_york(django_connection) -> None:
-    django_connection.ensure_connection()
-    django_connection.connection.adapters.register_loader("timestamptz", _InstantLoader)
-    with django_connection.cursor() as cursor:
-        cursor.execute("SET TIME ZONE 'America/New_York'")
-
-
-@pytest.fixture
-def new_york_sessions():
-    """Every database session of the test speaks America/New_York: the test's own and every one a
-    thread opens (the advance's walk, the drain's closes), set after Django's own UTC set-up."""
-    from django.db import connection
-    from django.db.backends.signals import connection_created
-
-    opened = []
-
-    def on_connect(sender, connection, **kwargs):
-        _speak_new_york(connection)
-        opened.append(connection.alias)
-
-    connection_created.connect(on_connect)
-    _speak_new_york(connection)
-    try:
-        yield opened
-    finally:
-        connection_created.disconnect(on_connect)
-        connection.close()  # the next query reconnects with Django's UTC set-up
 
 
 def test_weekly_subscription_across_both_dst_changes_of_a_new_york_session_keeps_utc_instants(
