@@ -34,7 +34,7 @@ from dateutil.relativedelta import relativedelta
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Max
 
-from billing.models import BillingRun, Customer, PaymentAttempt, Subscription, TestClock
+from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
 from billing.queries import database_now
 from billing.representations import iso, test_clock_data
 from billing.services.drain import drain_due
@@ -64,6 +64,8 @@ LATEST_FROZEN_TIME = datetime(2200, 1, 1, tzinfo=UTC)
 MAX_ADVANCE = relativedelta(years=5)
 
 BILLABLE = Subscription.BILLABLE_STATUSES
+# A close with one of these outcomes moved its subscription to its next period.
+CLOSED_OUTCOMES = (BillingAttempt.BILLED, BillingAttempt.DECLINED, BillingAttempt.TAX_PENDING)
 
 # TRY_ADVANCE_LOCK: the session advisory lock an advancer holds for its whole walk. Session
 # scoped, so it outlives the walk's transactions and dies with the connection: a crashed
@@ -311,13 +313,12 @@ def _walk(clock: TestClock) -> None:
         instant = _next_instant(clock, after=instant, target=target)
     while instant is not None:
         _set_time(clock.id, instant)
-        progress = _process_instant(clock, instant)
-        if progress and _due_by(clock, instant):
-            # Several periods were due by this instant (a clock set ahead of an anchor, or a
-            # period caught up after a failure): bill the next one at the same instant.
+        if _process_instant(clock, instant):
+            # A subscription closed a period and its next one is due by this instant too (a clock
+            # set ahead of an anchor, or periods caught up after a failure): bill it at this instant.
             continue
-        # Whatever is still due by this instant failed here; the drain tries it again (once) at
-        # every later instant, and the clock's last_failure says why.
+        # Whatever else is still due by this instant failed here; the drain tries it again (once)
+        # at every later instant, and the clock's last_failure says why.
         instant = _next_instant(clock, after=instant, target=target)
 
 
@@ -345,25 +346,26 @@ def _wait_out_payments_in_flight(clock: TestClock) -> None:
         time.sleep(max(wait_s, 0.0) + 0.05)
 
 
-def _process_instant(clock: TestClock, instant: datetime) -> int:
-    """Dunning retries, then billing, due by ``instant``; returns how many moved forward."""
-    done = 0
+def _process_instant(clock: TestClock, instant: datetime) -> bool:
+    """Dunning retries, then billing, due by ``instant``. True when a subscription that closed a
+    period in this pass has another one due by ``instant`` (the instant needs another pass)."""
     dunning_at = _dunning_next_due(clock, after=None)
     if dunning_at is not None and dunning_at <= instant:
-        done += _dunning_process(clock, instant)
+        _dunning_process(clock, instant)
     billing_at = _billing_next_due(clock, after=None)
-    if billing_at is not None and billing_at <= instant:
-        run = drain_due(
-            livemode=clock.livemode,
-            trigger=BillingRun.TEST_CLOCK,
-            tenant_id=clock.tenant_id,
-            test_clock_id=clock.id,
-            as_of=instant,
-        )
-        if run.status == BillingRun.FAILED:
-            raise AdvanceFailed(f"billing run {run.id} at {iso(instant)} ended: {run.error}")
-        done += run.billed
-    return done
+    if billing_at is None or billing_at > instant:
+        return False
+    run = drain_due(
+        livemode=clock.livemode,
+        trigger=BillingRun.TEST_CLOCK,
+        tenant_id=clock.tenant_id,
+        test_clock_id=clock.id,
+        as_of=instant,
+    )
+    if run.status == BillingRun.FAILED:
+        raise AdvanceFailed(f"billing run {run.id} at {iso(instant)} ended: {run.error}")
+    closed = BillingAttempt.objects.filter(run=run, outcome__in=CLOSED_OUTCOMES).values("subscription_id")
+    return _billable(clock).filter(pk__in=closed, next_billing_at__lte=instant).exists()
 
 
 def _due_by(clock: TestClock, instant: datetime) -> bool:
