@@ -45,17 +45,6 @@ from outbox.services import emit_event
 
 log = logging.getLogger("billing.clocks")
 
-# Codes of the 422s this module raises for well-formed input that breaks a rule the OpenAPI
-# document can only state in prose (relative to the clock's current time, or the key's mode).
-BUSINESS_RULE_CODES = frozenset(
-    {
-        "test_mode_only",
-        "frozen_time_out_of_range",
-        "test_clock_time_not_later",
-        "test_clock_advance_too_far",
-    }
-)
-
 # Clock times stay where period arithmetic (anchor + n × interval, up to three years) is safe.
 EARLIEST_FROZEN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_FROZEN_TIME = datetime(2200, 1, 1, tzinfo=UTC)
@@ -219,7 +208,7 @@ def advance_test_clock(*, tenant_id: str, livemode: bool, clock_id: str, frozen_
             transaction.on_commit(lambda: start_advance(clock.id))
     if stalled is not None:
         if stalled:
-            start_advance(clock.id)
+            transaction.on_commit(lambda: start_advance(clock.id))
         raise TestClockAdvancing(
             f"Test clock {clock.id} is already advancing to {iso(clock.advance_target)}; "
             "advance it again once its status is ready."
