@@ -24,7 +24,7 @@ from datetime import datetime
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from billing import gateway as gw
-from billing.models import BillingRun, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.models import BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
 from billing.queries import database_now, lock_due_subscription, materialise_invoice, next_invoice_number
 from billing.representations import invoice_data, subscription_data
@@ -181,9 +181,11 @@ def _prepare(
 
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted_id = _materialise(sub, start, end, now)
-        if inserted_id:
-            invoice = Invoice.objects.select_for_update().get(pk=inserted_id)
+        inserted = _materialise(sub, start, end, now)
+        lines = None
+        if inserted:
+            # Ours alone until commit (the insert holds it): no need to read it back.
+            invoice, lines = inserted
         else:
             invoice = (
                 Invoice.objects.select_for_update()
@@ -195,7 +197,10 @@ def _prepare(
             if invoice is None:  # voided meanwhile (the insert saw it): try again next run
                 raise RuntimeError(f"invoice for {sub.id} at {start} vanished")
 
-        if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(invoice, now=now):
+        customer = lock_customer(sub.customer_id)
+        if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(
+            invoice, now=now, customer=customer, lines=lines
+        ):
             return _tax_pending_locked(sub, invoice, run, now)
         if invoice.status in (Invoice.PAID, Invoice.UNCOLLECTIBLE):
             # Settled but not advanced (cannot happen through the close; defensive).
@@ -204,7 +209,6 @@ def _prepare(
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
 
-        customer = lock_customer(sub.customer_id)
         if needs_no_charge(invoice):
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
@@ -212,7 +216,9 @@ def _prepare(
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         try:
-            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+            # The DB's now() is the same all through this transaction: reuse it for wall-clock subscriptions.
+            wall_now = now if test_clock_id is None and as_of is None else database_now()
+            plan = reserve_attempt_locked(invoice, customer, now=wall_now, first_attempt=bool(inserted))
         except PaymentInFlight as exc:
             outcome = Outcome("skipped", invoice.id, error=exc.message)
             write_billing_attempt(run, sub.id, outcome, now=now)
@@ -231,8 +237,10 @@ def _prepare(
         return plan
 
 
-def _materialise(sub: Subscription, start: datetime, end: datetime, now: datetime) -> str | None:
-    """Insert the period's draft invoice and its line unless one exists; the new id, or None."""
+def _materialise(
+    sub: Subscription, start: datetime, end: datetime, now: datetime
+) -> tuple[Invoice, list[InvoiceLineItem]] | None:
+    """Insert the period's draft invoice and its line unless one exists; the new invoice and its lines, or None."""
     price = sub.price
     invoice = Invoice(
         tenant_id=sub.tenant_id,
@@ -251,7 +259,9 @@ def _materialise(sub: Subscription, start: datetime, end: datetime, now: datetim
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
         return None
-    InvoiceLineItem.objects.create(
+    invoice._state.adding = False
+    invoice._state.db = connection.alias
+    line = InvoiceLineItem.objects.create(
         invoice_id=invoice.id,
         description=_line_description(sub),
         price_id=price.id,
@@ -265,10 +275,10 @@ def _materialise(sub: Subscription, start: datetime, end: datetime, now: datetim
         tenant_id=sub.tenant_id,
         livemode=sub.livemode,
         type="invoice.created",
-        data=invoice_data(Invoice.objects.get(pk=invoice.id)),
+        data=invoice_data(invoice, lines=[line]),
         created_at=now,
     )
-    return invoice.id
+    return invoice, [line]
 
 
 def _line_description(sub: Subscription) -> str:
@@ -278,13 +288,21 @@ def _line_description(sub: Subscription) -> str:
     return f"{name} (every {unit})" if price.interval_count != 1 else f"{name} (per {unit})"
 
 
-def finalize_or_pend_locked(invoice: Invoice, *, now: datetime) -> bool:
+def finalize_or_pend_locked(
+    invoice: Invoice,
+    *,
+    now: datetime,
+    customer: Customer | None = None,
+    lines: list[InvoiceLineItem] | None = None,
+) -> bool:
     """Compute tax, apply the customer's balance and finalise a draft (locked) invoice; True when finalised.
 
     When the tax provider cannot answer, the invoice stays a draft with ``tax_status=pending``
     and False is returned. Finalising: ``total = subtotal + tax``, the balance applied to the
     total (:func:`billing.services.ledger.apply_balance_locked`), the next gapless number,
-    status ``open``, ``invoice.finalized``. The amounts are frozen from here on.
+    status ``open``, ``invoice.finalized``. The amounts are frozen from here on. ``customer``:
+    the invoice's customer if the caller has locked it already; ``lines``: its line items if
+    known (each saves a query).
     """
     try:
         quote = get_tax_provider().calculate(
@@ -311,7 +329,7 @@ def finalize_or_pend_locked(invoice: Invoice, *, now: datetime) -> bool:
     invoice.tax_rate_bps = quote.rate_bps
     invoice.tax_status = Invoice.TAX_CALCULATED if quote.applicable else Invoice.TAX_NOT_APPLICABLE
     invoice.total = invoice.subtotal + invoice.tax
-    customer = lock_customer(invoice.customer_id)
+    customer = customer or lock_customer(invoice.customer_id)
     apply_balance_locked(customer, invoice, at=now)
     invoice.number = f"{next_invoice_number(invoice.tenant_id, invoice.livemode):06d}"
     invoice.status = Invoice.OPEN
@@ -321,7 +339,7 @@ def finalize_or_pend_locked(invoice: Invoice, *, now: datetime) -> bool:
         tenant_id=invoice.tenant_id,
         livemode=invoice.livemode,
         type="invoice.finalized",
-        data=invoice_data(invoice),
+        data=invoice_data(invoice, lines=lines),
         created_at=now,
     )
     return True

@@ -112,7 +112,9 @@ def billing_time(test_clock_id: str | None, as_of: datetime | None = None) -> da
 # --- step 1 ---------------------------------------------------------------------------------------------------------
 
 
-def reserve_attempt_locked(invoice: Invoice, customer: Customer, *, now: datetime) -> ChargePlan:
+def reserve_attempt_locked(
+    invoice: Invoice, customer: Customer, *, now: datetime, first_attempt: bool = False
+) -> ChargePlan:
     """Reserve the next payment attempt of an ``open`` invoice (invoice and customer locked by the caller).
 
     If the latest attempt is still open (``unknown``, or a transient error) it is re-sent under
@@ -121,9 +123,10 @@ def reserve_attempt_locked(invoice: Invoice, customer: Customer, *, now: datetim
     number n+1, key ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
     ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
     ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:
-    the attempt is a decline (``payment_method_missing``).
+    the attempt is a decline (``payment_method_missing``). ``first_attempt``: the caller inserted
+    the invoice in this transaction, so it has no attempt yet (saves a query).
     """
-    latest = invoice.payment_attempts.order_by("-attempt_number").first()
+    latest = None if first_attempt else invoice.payment_attempts.order_by("-attempt_number").first()
     if latest is not None and reuses_key(latest):
         if latest.outcome == PaymentAttempt.UNKNOWN and latest.started_at > now - in_flight_window():
             raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
@@ -172,7 +175,7 @@ def _new_attempt_key(invoice: Invoice, number: int) -> str:
     """
     if invoice.payment_intent_id:
         return gw.attempt_key(invoice.id, number)
-    if invoice.payment_attempts.filter(idempotency_key=gw.create_key(invoice.id)).exists():
+    if number > 1 and invoice.payment_attempts.filter(idempotency_key=gw.create_key(invoice.id)).exists():
         return f"{gw.create_key(invoice.id)}:{number}"
     return gw.create_key(invoice.id)
 
@@ -412,7 +415,8 @@ def record_outcome(
         invoice = Invoice.objects.select_for_update().get(pk=plan.invoice_id)
         attempt = PaymentAttempt.objects.select_for_update().get(pk=plan.attempt_id)
         customer = Customer.objects.select_for_update().get(pk=invoice.customer_id)
-        now = billing_time(invoice_clock_id(invoice, subscription), as_of)
+        clock_id = invoice_clock_id(invoice, subscription)
+        now = billing_time(clock_id, as_of)
 
         customer_fields = []
         if result.gateway_customer_id and customer.gateway_customer_id != result.gateway_customer_id:
@@ -436,13 +440,15 @@ def record_outcome(
         attempt.decline_code = result.decline_code[:100]
         attempt.error_message = result.error_message[:2000]
         attempt.http_status = result.http_status
-        attempt.completed_at = database_now()
+        # The DB's now() is the same all through this transaction: reuse it for wall-clock invoices.
+        attempt.completed_at = now if clock_id is None and as_of is None else database_now()
         if result.payment_intent_id:
             attempt.payment_intent_id = result.payment_intent_id
         attempt.save()
+        invoice_fields = []  # saved with the outcome's own invoice update, or at the end
         if result.payment_intent_id and not invoice.payment_intent_id:
             invoice.payment_intent_id = result.payment_intent_id
-            invoice.save(update_fields=["payment_intent_id"])
+            invoice_fields.append("payment_intent_id")
 
         if result.outcome == gw.SUCCEEDED:
             outcome = Outcome("billed", invoice.id)
@@ -451,7 +457,8 @@ def record_outcome(
                 invoice.amount_paid = invoice.amount_due
                 invoice.paid_at = now
                 invoice.attempt_count += 1
-                invoice.save(update_fields=["status", "amount_paid", "paid_at", "attempt_count"])
+                invoice.save(update_fields=["status", "amount_paid", "paid_at", "attempt_count", *invoice_fields])
+                invoice_fields = []
                 emit_event(
                     tenant_id=invoice.tenant_id,
                     livemode=invoice.livemode,
@@ -464,7 +471,8 @@ def record_outcome(
         elif result.outcome == gw.DECLINED:
             outcome = Outcome("declined", invoice.id, error=f"declined: {result.decline_code}")
             invoice.attempt_count += 1
-            invoice.save(update_fields=["attempt_count"])
+            invoice.save(update_fields=["attempt_count", *invoice_fields])
+            invoice_fields = []
             act_on_declined_locked(subscription, invoice, now=now, decline_code=result.decline_code)
             # After dunning took the decline, so the event says when the next retry is (Stripe's
             # next_payment_attempt; null when none is scheduled).
@@ -484,6 +492,8 @@ def record_outcome(
             if save_failure and subscription is not None and is_current_period(subscription, invoice):
                 outcome.failure_number, _parked = save_failure_locked(subscription, error=error, fresh=fresh_ladder)
                 outcome.saved = not subscription.test_clock_id
+        if invoice_fields:
+            invoice.save(update_fields=invoice_fields)
         if on_record is not None:
             on_record(invoice, attempt, outcome)
         if plan.subscription_id:
