@@ -10,37 +10,37 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('billing', '0002_gateway_fields'),
-        ('hardcount', '0002_idempotency_in_flight'),
+        ("billing", "0002_gateway_fields"),
+        ("hardcount", "0002_idempotency_in_flight"),
     ]
 
     operations = [
         AddIndexConcurrently(
-            model_name='customer',
-            index=models.Index(django.db.models.functions.text.Upper('email'), name='customer_email_upper_idx'),
+            model_name="customer",
+            index=models.Index(django.db.models.functions.text.Upper("email"), name="customer_email_upper_idx"),
         ),
         AddIndexConcurrently(
-            model_name='customer',
-            index=models.Index(fields=['external_id'], name='customer_external_id_idx'),
+            model_name="customer",
+            index=models.Index(fields=["external_id"], name="customer_external_id_idx"),
         ),
         AddIndexConcurrently(
-            model_name='customer',
-            index=models.Index(fields=['gateway_customer_id'], name='customer_gateway_id_idx'),
+            model_name="customer",
+            index=models.Index(fields=["gateway_customer_id"], name="customer_gateway_id_idx"),
         ),
         AddIndexConcurrently(
-            model_name='invoice',
-            index=models.Index(fields=['status', 'id'], name='invoice_admin_status_idx'),
+            model_name="invoice",
+            index=models.Index(fields=["status", "id"], name="invoice_admin_status_idx"),
         ),
         AddIndexConcurrently(
-            model_name='invoice',
-            index=models.Index(fields=['number'], name='invoice_number_idx'),
+            model_name="invoice",
+            index=models.Index(fields=["number"], name="invoice_number_idx"),
         ),
         AddIndexConcurrently(
-            model_name='invoice',
-            index=models.Index(fields=['payment_intent_id'], name='invoice_payment_intent_idx'),
+            model_name="invoice",
+            index=models.Index(fields=["payment_intent_id"], name="invoice_payment_intent_idx"),
         ),
         AddIndexConcurrently(
-            model_name='subscription',
-            index=models.Index(fields=['status', 'id'], name='subscription_admin_status_idx'),
+            model_name="subscription",
+            index=models.Index(fields=["status", "id"], name="subscription_admin_status_idx"),
         ),
     ]

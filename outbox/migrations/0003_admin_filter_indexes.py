@@ -9,17 +9,17 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('hardcount', '0002_idempotency_in_flight'),
-        ('outbox', '0002_delivery_replay_attempt_outcome'),
+        ("hardcount", "0002_idempotency_in_flight"),
+        ("outbox", "0002_delivery_replay_attempt_outcome"),
     ]
 
     operations = [
         AddIndexConcurrently(
-            model_name='delivery',
-            index=models.Index(condition=models.Q(('status', 'failed')), fields=['id'], name='delivery_failed_idx'),
+            model_name="delivery",
+            index=models.Index(condition=models.Q(("status", "failed")), fields=["id"], name="delivery_failed_idx"),
         ),
         AddIndexConcurrently(
-            model_name='event',
-            index=models.Index(fields=['type', 'sequence'], name='event_admin_type_idx'),
+            model_name="event",
+            index=models.Index(fields=["type", "sequence"], name="event_admin_type_idx"),
         ),
     ]
