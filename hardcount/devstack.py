@@ -18,6 +18,7 @@ process does not load the settings (which would start the embedded database).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -218,11 +219,14 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
     from localstripe import resources
 
     try:
-        from billing.devstripe import apply_localstripe_fixes
+        from billing.devstripe import _index_store_by_type, apply_localstripe_fixes
     except ImportError:  # the gateway's localstripe fixes are optional here
         pass
     else:
         apply_localstripe_fixes()  # before the server module registers its routes
+        # Lists by type without scanning the whole store: without it every charge gets slower as
+        # the demo book is billed (each Charge renders its refunds through a list).
+        _index_store_by_type()
     from localstripe.server import app
 
     dirty = threading.Event()
@@ -236,17 +240,25 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
         store.clear()
         store.update(saved)
 
-    def flush() -> None:
+    last_dump = {"at": 0.0, "took": 0.0}
+
+    def flush(*, force: bool = False) -> None:
         if not dirty.is_set():
             return
+        # The dump blocks the event loop for as long as it takes (a second or more once a demo
+        # book of 20,000 is billed): keep it under a tenth of localstripe's time.
+        if not force and time.monotonic() - last_dump["at"] < 10 * last_dump["took"]:
+            return
         dirty.clear()
+        started = time.monotonic()
         tmp = store_path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             pickle.dump(dict(resources.store), f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, store_path)
+        last_dump["at"], last_dump["took"] = time.monotonic(), time.monotonic() - started
 
-    # Upstream pickles the whole store to /tmp on every write; mark it dirty instead and
-    # write our own file at most once a second, and once more on shutdown.
+    # Upstream pickles the whole store to /tmp on every write; mark it dirty instead and write
+    # our own file at most once a second (less often when a dump is slow), and on shutdown.
     resources.Store.try_load_from_disk = load
     resources.Store.dump_to_disk = lambda store: dirty.set()
     load(resources.store)
@@ -262,7 +274,7 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
         task = asyncio.ensure_future(loop())
         yield
         task.cancel()
-        flush()
+        flush(force=True)
 
     app.cleanup_ctx.append(flusher)
     sock = socket.socket(fileno=fd)
@@ -331,12 +343,16 @@ class WebhookReceiver:
 
     Each delivery is logged as one line: event id, type, mode, and whether the signature
     verifies against one of ``secrets()`` (a callable, so secrets learned after the
-    receiver started count). ``received`` keeps the parsed bodies, newest last (tests).
+    receiver started count). ``received`` keeps the last 1,000 parsed bodies, newest last
+    (tests); ``count`` counts them all. With ``log_first`` set, only that many deliveries are
+    logged one by one (a seeded demo book sends thousands).
     """
 
     def __init__(self, *, port: int = 0, secrets: Callable[[], Iterable[str]] = list, log=None):
         self.secrets = secrets
-        self.received: list[dict] = []
+        self.received: collections.deque[dict] = collections.deque(maxlen=1000)
+        self.count = 0
+        self.log_first: int | None = None
         self._log = log or (lambda line: logger.info("%s", line))
         receiver = self
 
@@ -368,6 +384,11 @@ class WebhookReceiver:
         if not isinstance(payload, dict):
             payload = {"data": payload}
         self.received.append(payload)
+        self.count += 1
+        if self.log_first is not None and self.count > self.log_first:
+            if self.count == self.log_first + 1:
+                self._log("webhook  … further deliveries are not logged one by one (see the progress line)")
+            return
         verdict = signature_verdict(signature_header, body, self.secrets())
         mode = "live" if payload.get("livemode") else "test"
         self._log(f"webhook  {payload.get('id', '?')} {payload.get('type', '?')} ({mode}) {verdict}")

@@ -34,9 +34,9 @@ def _database_url() -> str:
 
 
 class Serve:
-    """A running ``manage.py serve`` with its output collected line by line."""
+    """A running ``manage.py serve`` with its output collected line by line (no demo book unless asked)."""
 
-    def __init__(self, var_dir: Path):
+    def __init__(self, var_dir: Path, *, demo_subscriptions: int = 0):
         with bind_local_port() as sock:
             self.port = sock.getsockname()[1]
         env = {
@@ -45,6 +45,7 @@ class Serve:
             "HARDCOUNT_VAR_DIR": str(var_dir),
             "HARDCOUNT_PORT": str(self.port),
             "HARDCOUNT_WEB_WORKERS": "1",
+            "HARDCOUNT_DEMO_SUBSCRIPTIONS": str(demo_subscriptions),
         }
         env.pop("STRIPE_API_BASE", None)
         env.pop("STRIPE_API_KEY", None)
@@ -162,3 +163,32 @@ def test_killed_serve_takes_its_children_with_it(tmp_path):
     finally:
         if serve.process.poll() is None:
             serve.process.kill()
+
+
+def test_first_start_seeds_the_demo_book_and_reports_until_the_first_drain_billed_it(tmp_path):
+    serve = Serve(tmp_path / "var", demo_subscriptions=40)
+    try:
+        serve.wait_ready()
+        assert any("Seeding the demo book: 40 subscriptions" in line for line in serve.lines)
+        # The billing loop ticks every 10 s in the dev stack; the drain then bills the book through localstripe.
+        assert serve.wait_for_line("First drain completed", timeout_s=90), "\n".join(serve.lines)
+        progress = [line for line in serve.lines if line.startswith("billing  due ")]
+        assert progress, "no progress line before the first drain ended"
+        summary = next(line for line in serve.lines if line.startswith("First drain completed"))
+        attempted = int(summary.split(": ")[1].split(" attempted")[0])
+        assert attempted >= 30  # the due part of the book (about 92%)
+        done_at = serve.lines.index(summary)
+        assert serve.lines[done_at + 1].strip().startswith("admin")
+        assert "login: operator / " in serve.lines[done_at + 1]
+
+        test_key = serve.banner_value("test key")
+        status, invoices = serve.api("GET", "/v1/invoices?limit=100", test_key)
+        assert status == 200 and len(invoices["data"]) >= 30
+        assert {i["status"] for i in invoices["data"]} <= {"paid", "open"}
+    finally:
+        if serve.process.poll() is None:
+            serve.process.send_signal(signal.SIGTERM)
+            try:
+                serve.process.wait(60)
+            except subprocess.TimeoutExpired:
+                serve.process.kill()

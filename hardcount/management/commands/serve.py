@@ -142,18 +142,30 @@ class Command(BaseCommand):
     def after_ready(self, ctx: ServeContext) -> None:
         """Hook: runs once the API answers and before the banner is printed.
 
-        The demo book (``seed_demo``, a later issue) plugs in here: create the demo tenant's
-        customers, prices and subscriptions through ``ctx.base_url`` with ``ctx.demo.test_key``.
-        Does nothing yet.
+        Seeds the demo book on first start (``HARDCOUNT_DEMO_SUBSCRIPTIONS``, default 2,000;
+        :mod:`hardcount.demo_progress`), its working webhook endpoint being the local receiver,
+        which then logs only its first deliveries one by one (the progress line counts the rest).
         """
+        from hardcount.demo_progress import RECEIVER_LOG_FIRST, DemoWatch
+
+        username, password = ctx.operator
+        self._demo_watch = DemoWatch(
+            ctx.demo.tenant_id,
+            write=self.stdout.write,
+            done_lines=lambda: [f"  admin          {ctx.base_url}/admin/   login: {username} / {password}"],
+        )
+        if self._demo_watch.start(webhook_url=ctx.receiver.url):
+            ctx.receiver.log_first = RECEIVER_LOG_FIRST
 
     def progress_line(self, ctx: ServeContext) -> str | None:
         """Hook: called every ``PROGRESS_EVERY_S`` seconds while serving; a returned line is printed.
 
-        The live progress line (a later issue: invoices billed, payments, deliveries) returns
-        its text here. Returns None (prints nothing) for now.
+        The demo book's line (due, billed, failed, waiting, parked, deliveries) until the first
+        drain has ended, then that drain's summary with the admin URL and login; afterwards a
+        line only when something changed.
         """
-        return None
+        watch = getattr(self, "_demo_watch", None)
+        return watch.line() if watch is not None else None
 
     # --- steps ----------------------------------------------------------------------------------------------------
 
