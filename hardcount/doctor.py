@@ -852,7 +852,8 @@ CHECKS: tuple[Check, ...] = (
         "event_has_its_change",
         "No event without its change: the object an event describes (by its id's prefix: invoice, subscription, "
         "customer, ledger entry, price, test clock, dunning run) exists in the event's tenant and mode; an "
-        "invoice, subscription or customer event names an object; an invoice.paid event's invoice is paid.",
+        "invoice, subscription or customer event names an object; an invoice.paid event's invoice is paid. "
+        "An object deleted by design (a test_clock.deleted event names it) counts as existing.",
         f"""
         WITH event_object AS (
             SELECT e.id, e.type, e.tenant_id, e.livemode, {_EVENT_OBJECT_ID} AS object_id FROM outbox_event e
@@ -864,6 +865,9 @@ CHECKS: tuple[Check, ...] = (
             UNION ALL SELECT id, tenant_id, livemode FROM billing_price
             UNION ALL SELECT id, tenant_id, livemode FROM billing_testclock
             UNION ALL SELECT id, tenant_id, livemode FROM dunning_dunningrun
+            -- A deleted object (test_clock.deleted) existed: its events, the deletion's included, stand.
+            UNION ALL SELECT {_EVENT_OBJECT_ID}, e.tenant_id, e.livemode FROM outbox_event e
+            WHERE e.type LIKE '%%.deleted'
         )
         SELECT eo.id AS ref, eo.type || ' names ' || coalesce(eo.object_id, 'no object')
                || CASE WHEN o.id IS NULL THEN ', which does not exist'

@@ -31,6 +31,7 @@ import time
 from datetime import UTC, datetime
 
 from dateutil.relativedelta import relativedelta
+from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Max
 
@@ -52,6 +53,12 @@ LATEST_FROZEN_TIME = datetime(2200, 1, 1, tzinfo=UTC)
 # bounded work for one background walk. Advance again to go further.
 MAX_ADVANCE = relativedelta(years=5)
 
+# Closes in parallel per page of a clock's drain. A clock's subscriptions all belong to one tenant,
+# and every finalisation holds that tenant's gapless invoice-number counter until it commits, so
+# more parallel closes only queue on that lock (and on the GIL): 200 subscriptions × 6 months
+# measured 72 invoices/s with 1, 78 with 2, 48 with 4 and 34 with 8 (the drain's default).
+ADVANCE_CONCURRENCY = 2
+
 BILLABLE = Subscription.BILLABLE_STATUSES
 # A close with one of these outcomes moved its subscription to its next period.
 CLOSED_OUTCOMES = (BillingAttempt.BILLED, BillingAttempt.DECLINED, BillingAttempt.TAX_PENDING)
@@ -63,8 +70,9 @@ CLOSED_OUTCOMES = (BillingAttempt.BILLED, BillingAttempt.DECLINED, BillingAttemp
 TRY_ADVANCE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
 RELEASE_ADVANCE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.test_clock:' || %s, 0))"
 # ADVANCE_LOCK_FREE: the liveness probe, inside a transaction. The transaction-scoped try-lock
-# succeeds only when no session holds the advancer's lock, and is released at commit, so the
-# probe never blocks or keeps an advancer out.
+# succeeds only when no session holds the advancer's lock, never waits, and is released when the
+# transaction ends. A walker that tries its lock during a probe leaves; that is safe because a
+# probe that got the lock always starts a walker itself.
 ADVANCE_LOCK_FREE = "SELECT pg_try_advisory_xact_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
 
 
@@ -231,6 +239,8 @@ def start_advance(clock_id: str) -> threading.Thread:
         running = _threads.get(clock_id)
         if running is not None and running.is_alive():
             return running
+        for finished in [key for key, thread in _threads.items() if not thread.is_alive()]:
+            del _threads[finished]
         thread = threading.Thread(
             target=_advance_thread, args=(clock_id,), name=f"test-clock-advance-{clock_id}", daemon=True
         )
@@ -350,6 +360,7 @@ def _process_instant(clock: TestClock, instant: datetime) -> bool:
         tenant_id=clock.tenant_id,
         test_clock_id=clock.id,
         as_of=instant,
+        concurrency=getattr(settings, "HARDCOUNT_TEST_CLOCK_CONCURRENCY", ADVANCE_CONCURRENCY),
     )
     if run.status == BillingRun.FAILED:
         raise AdvanceFailed(f"billing run {run.id} at {iso(instant)} ended: {run.error}")

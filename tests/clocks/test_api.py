@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from billing.models import BillingRun, Invoice, TestClock
@@ -196,3 +198,14 @@ def test_an_advance_through_the_api_answers_at_once_and_bills_in_the_background(
 
 def book_card(book) -> str:
     return book._make_card()
+
+
+def test_a_deleted_clock_leaves_its_event_and_a_book_the_doctor_finds_clean(book, tenant):
+    from billing.services.clocks import create_test_clock, delete_test_clock
+
+    clock = create_test_clock(tenant_id=tenant.id, livemode=False, frozen_time=datetime(2027, 1, 1, tzinfo=UTC))
+    delete_test_clock(tenant_id=tenant.id, livemode=False, clock_id=clock.id)
+
+    assert not TestClock.objects.filter(pk=clock.id).exists()
+    assert [e.data["id"] for e in events("test_clock.deleted")] == [clock.id]
+    # The book fixture's doctor sweep runs after this test: a *.deleted event names no live object.

@@ -1,7 +1,8 @@
 """An advance over 24 monthly periods of 1,000 subscriptions finishes (24,000 invoices through localstripe).
 
 The test prints how long the advance took; there is no timing assertion (speed targets live in
-``bench/``). The gateway talks to localstripe directly here, not through the fault proxy, which
+``bench/``). It takes minutes: marked ``slow`` (``make test`` runs it; ``-m "not slow"`` skips it
+while iterating). The gateway talks to localstripe directly, not through the fault proxy, which
 no fault of this test needs.
 """
 
@@ -10,10 +11,14 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
+import pytest
 from dateutil.relativedelta import relativedelta
+from django.db import transaction
 from django.db.models import Count
 
 from billing.models import Customer, Invoice, Price, Subscription
+from billing.representations import customer_data, subscription_data
+from outbox.services import emit_event
 from tests.clocks.helpers import advance, make_clock
 
 SUBSCRIPTIONS = 1_000
@@ -21,6 +26,7 @@ PERIODS = 24
 ANCHOR = datetime(2027, 1, 31, 9, 30, tzinfo=UTC)
 
 
+@pytest.mark.slow
 def test_advance_over_24_monthly_periods_of_1000_subscriptions_bills_each_period_once(
     book, tenant, make_card, localstripe_base, settings, capsys
 ):
@@ -31,30 +37,46 @@ def test_advance_over_24_monthly_periods_of_1000_subscriptions_bills_each_period
     )
     setup_started = time.monotonic()
     cards = [make_card() for _ in range(SUBSCRIPTIONS)]
-    customers = Customer.objects.bulk_create(
-        Customer(
-            tenant=tenant,
-            livemode=False,
-            email=f"scale{n}@example.com",
-            default_payment_method=cards[n],
-            currency="usd",
-            test_clock=clock,
+    with transaction.atomic():
+        customers = Customer.objects.bulk_create(
+            Customer(
+                tenant=tenant,
+                livemode=False,
+                email=f"scale{n}@example.com",
+                default_payment_method=cards[n],
+                currency="usd",
+                test_clock=clock,
+            )
+            for n in range(SUBSCRIPTIONS)
         )
-        for n in range(SUBSCRIPTIONS)
-    )
-    Subscription.objects.bulk_create(
-        Subscription(
-            tenant=tenant,
-            livemode=False,
-            customer=customer,
-            price=price,
-            status=Subscription.ACTIVE,
-            billing_cycle_anchor=ANCHOR,
-            next_billing_at=ANCHOR,
-            test_clock=clock,
+        subscriptions = Subscription.objects.bulk_create(
+            Subscription(
+                tenant=tenant,
+                livemode=False,
+                customer=customer,
+                price=price,
+                status=Subscription.ACTIVE,
+                billing_cycle_anchor=ANCHOR,
+                next_billing_at=ANCHOR,
+                test_clock=clock,
+            )
+            for customer in customers
         )
-        for customer in customers
-    )
+        for customer, subscription in zip(customers, subscriptions, strict=True):
+            emit_event(
+                tenant_id=tenant.id,
+                livemode=False,
+                type="customer.created",
+                data=customer_data(customer),
+                created_at=ANCHOR,
+            )
+            emit_event(
+                tenant_id=tenant.id,
+                livemode=False,
+                type="subscription.created",
+                data=subscription_data(subscription),
+                created_at=ANCHOR,
+            )
     setup_s = time.monotonic() - setup_started
     target = ANCHOR + relativedelta(months=PERIODS - 1, days=1)  # periods 0..23 start by then
 
