@@ -227,6 +227,11 @@ def advance_test_clock(*, tenant_id: str, livemode: bool, clock_id: str, frozen_
 # Threads this process started, by clock id (so tests and shutdown can wait for them).
 _threads: dict[str, threading.Thread] = {}
 _threads_lock = threading.Lock()
+# At most this many walks at once per process (each holds 1 + ADVANCE_CONCURRENCY connections);
+# the others wait before connecting. A waiting walk looks orphaned to other processes, which may
+# take it over; the advisory lock still lets one walker through.
+MAX_WALKS_PER_PROCESS = 4
+_walk_slots = threading.BoundedSemaphore(MAX_WALKS_PER_PROCESS)
 
 
 def start_advance(clock_id: str) -> threading.Thread:
@@ -250,12 +255,13 @@ def start_advance(clock_id: str) -> threading.Thread:
 
 
 def _advance_thread(clock_id: str) -> None:
-    try:
-        run_advance(clock_id)
-    except Exception:
-        log.exception("advance of test clock %s ended by an error; the clock stays advancing until resumed", clock_id)
-    finally:
-        connections.close_all()
+    with _walk_slots:
+        try:
+            run_advance(clock_id)
+        except Exception:
+            log.exception("advance of test clock %s ended by an error; it stays advancing until resumed", clock_id)
+        finally:
+            connections.close_all()
 
 
 def wait_for_advances(timeout_s: float | None = None) -> bool:

@@ -165,3 +165,29 @@ def test_a_walker_killed_mid_advance_is_resumed_by_the_billing_tick_and_bills_ea
     starts = set(Invoice.objects.filter(subscription__test_clock=clock).values_list("period_start", flat=True))
     assert starts == {T0 + relativedelta(months=n) for n in range(MONTHS)}
     assert not Invoice.objects.filter(subscription__test_clock=clock).exclude(status=Invoice.PAID).exists()
+
+
+def test_a_process_walks_at_most_four_clocks_at_once_and_the_rest_wait_their_turn(monkeypatch):
+    import threading
+
+    from billing.services import clocks
+
+    running, peak, lock, release = [], [0], threading.Lock(), threading.Event()
+
+    def walk(clock_id):
+        with lock:
+            running.append(clock_id)
+            peak[0] = max(peak[0], len(running))
+        release.wait(30)
+        with lock:
+            running.remove(clock_id)
+        return True
+
+    monkeypatch.setattr(clocks, "run_advance", walk)
+    for n in range(6):
+        clocks.start_advance(f"clock_{n}")
+    _wait_until(lambda: len(running) == clocks.MAX_WALKS_PER_PROCESS, what="four walks")
+
+    release.set()
+    assert clocks.wait_for_advances(timeout_s=30)
+    assert (peak[0], running) == (4, [])
