@@ -77,8 +77,10 @@ def test_a_live_walker_keeps_every_other_walker_and_the_resumer_out(book, tenant
     assert resume_stalled_advances() == []
     assert _periods_billed(clock) == {}
 
-    walker.close()  # the walker's process died: its session, and the lock, are gone
-    assert resume_stalled_advances() == [clock.id]
+    walker.close()  # the walker's process died: its session ends and the server frees the lock
+    resumed = []
+    _wait_until(lambda: resumed.extend(resume_stalled_advances()) or resumed, what="the lock to be freed")
+    assert resumed == [clock.id]
     assert wait_for_advances(timeout_s=120)
     clock.refresh_from_db()
     assert (clock.status, clock.frozen_time) == ("ready", target)
