@@ -511,7 +511,12 @@ class ApiView(APIView):
 
         Unknown query parameters are refused, like unknown body fields.
         """
-        serializer_class = serializer_class or getattr(self, f"{self.request.method.lower()}_query")
+        # HEAD is GET without a body (RFC 9110 §9.3.2): it takes GET's query parameters.
+        method = "get" if self.request.method == "HEAD" else self.request.method.lower()
+        serializer_class = serializer_class or getattr(self, f"{method}_query")
+        for key, values in self.request.query_params.lists():
+            if len(values) > 1:
+                raise InvalidParameters(f"{key}: given more than once.", code="parameter_repeated", param=key)
         raw = {key: self.request.query_params.get(key) for key in self.request.query_params}
         serializer = serializer_class(data=raw)
         serializer.is_valid(raise_exception=True)

@@ -16,7 +16,8 @@ def error_response(status: int, type_: str, code: str, message: str, param: str 
 
 
 class BodySizeLimitMiddleware:
-    """Refuse API request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB) with a 413.
+    """Refuse API request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB) with a 413,
+    and bodies without a ``Content-Length`` (chunked transfer encoding) with a 411.
 
     Checked on the declared ``Content-Length`` before anything reads the body. Django reads
     at most ``Content-Length`` bytes, and ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (set to the same
@@ -30,6 +31,15 @@ class BodySizeLimitMiddleware:
 
     def __call__(self, request):
         if request.path.startswith("/v1/"):
+            if request.META.get("HTTP_TRANSFER_ENCODING") and not request.META.get("CONTENT_LENGTH"):
+                # Django's WSGI request reads exactly Content-Length bytes: a chunked body would be
+                # parsed as empty and, e.g., a cancel "at_period_end" would cancel at once. Refuse it.
+                return error_response(
+                    411,
+                    INVALID_REQUEST,
+                    "length_required",
+                    "Send the body with a Content-Length header; chunked request bodies are not accepted.",
+                )
             raw = request.META.get("CONTENT_LENGTH") or "0"
             if not re.fullmatch(r"[0-9]{1,18}", raw):
                 return error_response(

@@ -7,10 +7,12 @@ one delivery per enabled endpoint that subscribes to its type, in the same trans
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -172,7 +174,7 @@ def emit_events(
 MAX_ENABLED_EVENTS = 100
 # 422 codes for rules a JSON schema cannot state exactly (what makes a URL valid; https in
 # live mode): schema-valid input may still be refused with these.
-BUSINESS_RULE_CODES = frozenset({"url_invalid", "url_insecure"})
+BUSINESS_RULE_CODES = frozenset({"url_invalid", "url_insecure", "url_not_public"})
 MAX_URL_LENGTH = 2000
 
 
@@ -220,7 +222,30 @@ def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url") -> st
         ) from None
     if livemode and not url.lower().startswith("https://"):
         raise InvalidRequestError("Live-mode webhook endpoints must use https://.", code="url_insecure", param=param)
+    if livemode and not _is_public_host(urlsplit(url).hostname or ""):
+        raise InvalidRequestError(
+            "Live-mode webhook endpoints must be on a public host, not localhost or a private, loopback, "
+            "link-local or reserved address.",
+            code="url_not_public",
+            param=param,
+        )
     return url
+
+
+def _is_public_host(host: str) -> bool:
+    """False for ``localhost`` names and literal IPs outside the global unicast space.
+
+    Test mode may point at local receivers (development, tests); live mode may not, so a
+    tenant cannot aim deliveries at our own network. Names are not resolved here: a public
+    name that resolves to a private address is not caught (see decision 0034).
+    """
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return ipaddress.ip_address(host).is_global
+    except ValueError:
+        return True
 
 
 def _endpoint_for_update(tenant_id: str, livemode: bool, endpoint_id: str) -> WebhookEndpoint:
