@@ -239,5 +239,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("HARDCOUNT_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # One INFO line per webhook POST and gateway call drowns the service's own log; the
+        # executor and the gateway record every attempt in the database instead.
+        "httpx": {"level": "WARNING"},
+        "stripe": {"level": "WARNING"},
+    },
 }
