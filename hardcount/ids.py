@@ -9,6 +9,7 @@ orders by, and they never reveal a row count.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 from django.utils.deconstruct import deconstructible
@@ -44,10 +45,24 @@ def _encode(value: int, length: int) -> str:
     return "".join(reversed(chars))
 
 
+_last = {"ms": -1, "rand": 0}
+_lock = threading.Lock()
+
+
 def new_id(prefix: str) -> str:
-    """Return a fresh id ``<prefix>_<26 chars>``, sortable by creation millisecond."""
+    """Return a fresh id ``<prefix>_<26 chars>``, sortable by creation time.
+
+    Within one process, ids made in the same millisecond increase too (ULID's monotonic
+    mode: the random part of the previous id plus one), so rows written back to back list in
+    the order they were made.
+    """
     ms = int(time.time() * 1000) & ((1 << 48) - 1)
-    rand = secrets.randbits(80)
+    with _lock:
+        if ms <= _last["ms"] and _last["rand"] < (1 << 80) - 1:
+            ms, rand = _last["ms"], _last["rand"] + 1
+        else:
+            rand = secrets.randbits(79)  # leaves room to count up within the millisecond
+        _last["ms"], _last["rand"] = ms, rand
     return f"{prefix}_{_encode((ms << 80) | rand, 26)}"
 
 
