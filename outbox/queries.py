@@ -224,3 +224,36 @@ SELECT count(*) FROM outbox_delivery
 WHERE status IN ('pending', 'retrying') AND fire_after <= now()
   AND (claim_expires_at IS NULL OR claim_expires_at < now())
 """
+
+# INSERT_EVENTS_WITH_DELIVERIES: a transaction's events and their fan-out in one round trip
+# (outbox.services._write_events). The events go in in the order given (ORDER BY the ordinality:
+# their sequence numbers follow it); each gets a delivery per endpoint of its tenant and mode that
+# is enabled, not deleted and subscribed to its type ('*', 'prefix.*' or the exact type: the rule
+# of outbox.services.event_type_matches), read in the same statement, so an endpoint that exists
+# when the event is written always gets it. Delivery ids keep the id layout (prefix, then the
+# event's 10-character millisecond time, then 16 random characters from md5's 0-9a-f, which the
+# Crockford alphabet contains): time-ordered like every other id. Returns each event's id and sequence.
+INSERT_EVENTS_WITH_DELIVERIES = """
+WITH new_event AS (
+    INSERT INTO outbox_event (id, tenant_id, livemode, type, data, created_at)
+    SELECT t.id, t.tenant_id, t.livemode, t.type, t.data, t.created_at
+    FROM unnest(%(ids)s::text[], %(tenant_ids)s::text[], %(livemodes)s::boolean[], %(types)s::text[],
+                %(data)s::jsonb[], %(created_at)s::timestamptz[])
+         WITH ORDINALITY AS t(id, tenant_id, livemode, type, data, created_at, n)
+    ORDER BY t.n
+    RETURNING id, tenant_id, livemode, type, sequence
+), new_delivery AS (
+INSERT INTO outbox_delivery (id, event_id, endpoint_id, status, attempts, fire_after, last_error, created_at)
+SELECT 'whd_' || substr(split_part(e.id, '_', 2), 1, 10) || substr(md5(random()::text || e.id || w.id), 1, 16),
+       e.id, w.id, 'pending', 0, now(), '', now()
+FROM new_event e
+JOIN outbox_webhookendpoint w
+  ON w.tenant_id = e.tenant_id AND w.livemode = e.livemode AND w.enabled AND w.deleted_at IS NULL
+WHERE EXISTS (
+    SELECT 1 FROM jsonb_array_elements_text(w.enabled_events) AS p(pattern)
+    WHERE p.pattern = '*' OR p.pattern = e.type
+       OR (right(p.pattern, 2) = '.*' AND starts_with(e.type, left(p.pattern, -1)))
+)
+)
+SELECT id, sequence FROM new_event
+"""

@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import connection, transaction
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from hardcount.bulk import copy_models
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
@@ -117,8 +118,30 @@ def deferred_events():
 
 
 def _write_events(events: list[Event], *, copy_from: int = 100) -> None:
-    """Insert ``events`` (in order) and a delivery per enabled, subscribed endpoint; COPY for large lists."""
+    """Insert ``events`` (in order) and a delivery per enabled, subscribed endpoint.
+
+    One statement for a transaction's few events (:data:`outbox.queries.INSERT_EVENTS_WITH_DELIVERIES`);
+    ``COPY`` from ``copy_from`` events on (a seeded book).
+    """
     if not events:
+        return
+    if len(events) < copy_from:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.INSERT_EVENTS_WITH_DELIVERIES,
+                {
+                    "ids": [e.id for e in events],
+                    "tenant_ids": [e.tenant_id for e in events],
+                    "livemodes": [e.livemode for e in events],
+                    "types": [e.type for e in events],
+                    "data": [Jsonb(e.data) for e in events],
+                    "created_at": [e.created_at for e in events],
+                },
+            )
+            sequences = dict(cursor.fetchall())
+        for event in events:
+            event.sequence = sequences[event.id]
+            event._state.adding, event._state.db = False, connection.alias
         return
     endpoints: dict[tuple[str, bool], list[WebhookEndpoint]] = {}
     for key in dict.fromkeys((e.tenant_id, e.livemode) for e in events):
@@ -127,18 +150,16 @@ def _write_events(events: list[Event], *, copy_from: int = 100) -> None:
                 tenant_id=key[0], livemode=key[1], enabled=True, deleted_at__isnull=True
             ).only("id", "enabled_events")
         )
-    deliveries = [
-        Delivery(event=event, endpoint=endpoint)
-        for event in events
-        for endpoint in endpoints[(event.tenant_id, event.livemode)]
-        if any(event_type_matches(p, event.type) for p in endpoint.enabled_events)
-    ]
-    if len(events) >= copy_from:
-        copy_models(Event, events)
-        copy_models(Delivery, deliveries)
-    else:
-        Event.objects.bulk_create(events)
-        Delivery.objects.bulk_create(deliveries)
+    copy_models(Event, events)
+    copy_models(
+        Delivery,
+        (
+            Delivery(event=event, endpoint=endpoint)
+            for event in events
+            for endpoint in endpoints[(event.tenant_id, event.livemode)]
+            if any(event_type_matches(p, event.type) for p in endpoint.enabled_events)
+        ),
+    )
 
 
 def emit_events(

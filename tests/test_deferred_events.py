@@ -23,7 +23,7 @@ def _emit(tenant, type_: str, object_id: str) -> Event:
 
 
 @pytest.mark.django_db
-def test_block_writes_its_events_in_order_with_three_statements(tenant, endpoint):
+def test_block_writes_its_events_in_order_in_one_statement(tenant, endpoint):
     with transaction.atomic(), CaptureQueriesContext(connection) as queries, deferred_events():
         for n in range(4):
             _emit(tenant, "invoice.created", f"in_{n}")
@@ -40,7 +40,7 @@ def test_block_writes_its_events_in_order_with_three_statements(tenant, endpoint
         "in_3",
     ]
     writes = [q["sql"] for q in queries.captured_queries if "outbox_" in q["sql"] and "COUNT" not in q["sql"]]
-    assert len(writes) == 3  # endpoints, events, deliveries (one each instead of three per event)
+    assert len(writes) == 1  # events and their deliveries in one statement (instead of three per event)
 
 
 @pytest.mark.django_db
@@ -81,3 +81,43 @@ def test_exception_in_the_block_writes_nothing(tenant, endpoint):
         raise ValueError("the change fails")
 
     assert Event.objects.count() == 0 and Delivery.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_deliveries_follow_each_endpoints_subscription_and_ids_keep_their_layout(tenant):
+    import re
+
+    from outbox.models import WebhookEndpoint
+    from outbox.services import event_type_matches
+
+    patterns = {
+        "all": ["*"],
+        "exact": ["invoice.paid"],
+        "prefix": ["subscription.*"],
+        "two": ["customer.*", "invoice.*"],
+    }
+    endpoints = {
+        name: create_webhook_endpoint(
+            tenant_id=tenant.id, livemode=False, url=f"http://127.0.0.1:1/{name}", enabled_events=p
+        )[0]
+        for name, p in patterns.items()
+    }
+    disabled, _ = create_webhook_endpoint(
+        tenant_id=tenant.id, livemode=False, url="http://127.0.0.1:1/off", enabled_events=["*"]
+    )
+    WebhookEndpoint.objects.filter(pk=disabled.pk).update(enabled=False)
+    types = ["invoice.paid", "invoice.created", "subscription.updated", "customer.created", "price.created"]
+
+    with transaction.atomic(), deferred_events():
+        for type_ in types:
+            _emit(tenant, type_, "obj_1")
+
+    got = {(d.event.type, d.endpoint_id) for d in Delivery.objects.select_related("event")}
+    expected = {
+        (type_, endpoint.id)
+        for type_ in types
+        for endpoint in endpoints.values()
+        if any(event_type_matches(p, type_) for p in endpoint.enabled_events)
+    }
+    assert got == expected
+    assert all(re.fullmatch(r"whd_[0-9a-hjkmnp-tv-z]{26}", d.id) for d in Delivery.objects.all())
