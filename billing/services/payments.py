@@ -466,7 +466,10 @@ def record_outcome(
                     data=invoice_data(invoice),
                     created_at=now,
                 )
-                dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
+                if invoice.attempt_count > 1:
+                    # Dunning starts only on a recorded decline, which counted an attempt before this
+                    # one: a first attempt has no run to stop (saves a query per close).
+                    dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
             act_on_paid_locked(subscription, invoice, now=now)
         elif result.outcome == gw.DECLINED:
             outcome = Outcome("declined", invoice.id, error=f"declined: {result.decline_code}")
