@@ -36,6 +36,7 @@ import argparse
 import collections
 import multiprocessing
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -375,6 +376,7 @@ class Figure:
     billed: int
     failed: int
     seconds: float
+    cpu_seconds: float  # user + system time of this process (every thread) during the run
 
     @property
     def rate(self) -> float:
@@ -401,9 +403,9 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
         _install_gateway(StubGateway(latency_ms / 1000 if mode == "c" else 0.0))
     profiler = Profiler(profile_path) if profile_path else None
     try:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu_seconds()
         run = drain_due(livemode=False, trigger="manual", page_size=100, concurrency=concurrency)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
     finally:
         if profiler:
             profiler.stop()
@@ -413,7 +415,12 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
     if profiler:
         print("\n".join(profiler.report()), flush=True)
     label = MODE_NAMES[mode].format(latency=f"{latency_ms:.0f}")
-    return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed)
+    return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed, cpu)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
@@ -484,11 +491,14 @@ def main() -> None:
             _drop_all()
 
     print()
-    print(f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8}")
+    print(
+        f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8} {'CPU ms':>7}"
+    )
     for figure in figures:
         print(
             f"{figure.label:<38} {figure.concurrency:>4} {figure.closes:>6} {figure.seconds:>8.1f} "
-            f"{figure.rate:>8.1f} {figure.rate / limit:>8.3f} {figure.rate / limits[1]:>8.3f}"
+            f"{figure.rate:>8.1f} {figure.rate / limit:>8.3f} {figure.rate / limits[1]:>8.3f} "
+            f"{1000 * figure.cpu_seconds / max(1, figure.closes):>7.1f}"
         )
     print(f"{'SQL limit, 1 connection':<38} {'':>4} {'':>6} {'':>8} {limits[1]:>8.1f} {limits[1] / limit:>8.3f}")
     print(f"{'SQL limit, 4 connections':<38} {'':>4} {'':>6} {'':>8} {limit:>8.1f} {1.0:>8.3f}")
@@ -508,7 +518,7 @@ def _line(figure: Figure, limit: float) -> str:
     return (
         f"  {figure.label} at concurrency {figure.concurrency}: {figure.closes} closes ({figure.billed} billed, "
         f"{figure.failed} failed) in {figure.seconds:7.1f} s = {figure.rate:7.1f}/s = {figure.rate / limit:.3f} x the "
-        f"4-connection SQL limit"
+        f"4-connection SQL limit; {1000 * figure.cpu_seconds / max(1, figure.closes):.1f} ms CPU per close here"
     )
 
 
