@@ -10,6 +10,10 @@
 - :func:`audit_book`: one invoice per (subscription, period), at most one charge per invoice and
   per period at the gateway, no lost period, and the final state each card's kind must reach;
 - :func:`doctor_violations`: the money-invariant sweep (``manage.py doctor``'s checks);
+  :func:`assert_clean` and :func:`assert_gateway_agrees`: an experiment's audit and the doctor's
+  sweeps (the books, then the gateway itself) must find nothing;
+- :func:`billing_env`: the environment of a billing-only ``runscheduler`` replica talking to the
+  proxy (the ``replicas`` and ``gateway`` fixtures are in tests/system/conftest.py);
 - :class:`ReportRow` / :func:`record_row`: one line of the report table, printed, and appended
   as JSON to ``$HARDCOUNT_CORRECTNESS_REPORT`` when set (``make correctness``).
 
@@ -33,10 +37,13 @@ from datetime import timedelta
 from django.db import connection, transaction
 
 from billing.models import Invoice, PaymentAttempt, Subscription
-from tests.billing.conftest import DECLINING_CARD, VISA, Book
+from tests.billing.conftest import DECLINING_CARD, STRIPE_KEY, VISA, Book
 from tests.system.harness import SchedulerProcess, database_url
 
 PAYING, DECLINING, FAILING = "paying", "declining", "failing"
+# Extra latency on every PaymentIntent call, so a drain of 40 lasts about a second and the
+# database watcher (polling every few ms) stops it close to the chosen point.
+GATEWAY_DELAY_S = 0.02
 
 
 def kind_of(index: int) -> str:
@@ -124,6 +131,24 @@ class Replicas:
             elif hasattr(process, "process"):
                 process.process.kill()
                 process.process.wait(10)
+
+
+def billing_env(stripe_proxy, **extra: str) -> dict[str, str]:
+    """The environment of a billing-only replica talking to ``stripe_proxy``: 0.2 s ticks, page 4,
+    concurrency 2, a 2 s gateway timeout; ``extra`` overrides or adds variables."""
+    return {
+        "HARDCOUNT_ROLES": "billing.loops.BillingRole",
+        "HARDCOUNT_SERVICES": "",
+        "STRIPE_API_BASE": stripe_proxy.api_base,
+        "STRIPE_API_KEY": STRIPE_KEY,
+        "HARDCOUNT_GATEWAY_TIMEOUT_S": "2",
+        "HARDCOUNT_BILLING_INTERVAL_S": "0.2",
+        "HARDCOUNT_BILLING_PAGE_SIZE": "4",
+        "HARDCOUNT_BILLING_CONCURRENCY": "2",
+        "HARDCOUNT_LEASE_POLL_S": "0.05",
+        "HARDCOUNT_LOG_LEVEL": "INFO",
+        **extra,
+    }
 
 
 def age_unknown_attempts(tenant_id: str) -> int:
@@ -372,6 +397,26 @@ def doctor_violations() -> dict[str, tuple[int, list[str]]]:
         for r in doctor.run_checks()
         if r.status not in (doctor.OK, doctor.NOT_CHECKED)
     }
+
+
+def assert_clean(audit: Audit, where: str, proxy=None) -> None:
+    """Fail (naming ``where``) if the audit found problems or the doctor finds violations; with the
+    proxy, the failure also lists its idempotency-key conflicts."""
+    conflicts = idempotency_conflicts(proxy) if proxy is not None else []
+    assert audit.problems == [], f"{where}: {audit.problems}; idempotency conflicts at the gateway: {conflicts}"
+    violations = doctor_violations()
+    assert violations == {}, f"{where}: doctor found {violations}"
+
+
+def assert_gateway_agrees() -> str:
+    """The doctor's gateway comparison (``doctor --gateway``): localstripe itself, not the proxy's log,
+    agrees with the books — every paid invoice's PaymentIntent succeeded for its amount, no unpaid
+    invoice was charged, no invoice has two succeeded PaymentIntents. Returns its note."""
+    from hardcount import doctor
+
+    result = doctor.check_gateway(max_examples=10)
+    assert result.status == doctor.OK, f"{result.status}: {result.examples} {result.note}"
+    return result.note
 
 
 # --- the report -----------------------------------------------------------------------------------------------------

@@ -51,11 +51,13 @@ from tests.system.correctness import (
     Replicas,
     ReportRow,
     age_unknown_attempts,
+    assert_clean,
+    assert_gateway_agrees,
     audit_book,
+    billing_env,
     closes_recorded,
     doctor_violations,
     gateway_requests,
-    idempotency_conflicts,
     invoices_of,
     record_row,
     seed_book,
@@ -72,72 +74,6 @@ pytestmark = [
 ]
 
 SWEEP_SIZE = 40
-# Extra latency on every PaymentIntent call, so a drain of 40 lasts about a second and the
-# database watcher (polling every few ms) stops it close to the chosen point.
-GATEWAY_DELAY_S = 0.02
-
-
-@pytest.fixture
-def gateway(stripe_proxy):
-    """The proxy with the suite's faults armed: 500 for gateway-failing cards, a small delay for the rest.
-
-    Returns the set of failing payment methods (seeding adds to it).
-    """
-    failing: set[str] = set()
-    stripe_proxy.fail_next(
-        "500",
-        times=10**9,
-        match=lambda r: r.line.startswith("POST /v1/payment_intents") and r.params.get("payment_method") in failing,
-    )
-    stripe_proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=GATEWAY_DELAY_S)
-    return failing
-
-
-def billing_env(stripe_proxy, **extra: str) -> dict[str, str]:
-    return {
-        "HARDCOUNT_ROLES": "billing.loops.BillingRole",
-        "HARDCOUNT_SERVICES": "",
-        "STRIPE_API_BASE": stripe_proxy.api_base,
-        "STRIPE_API_KEY": STRIPE_KEY,
-        "HARDCOUNT_GATEWAY_TIMEOUT_S": "2",
-        "HARDCOUNT_BILLING_INTERVAL_S": "0.2",
-        "HARDCOUNT_BILLING_PAGE_SIZE": "4",
-        "HARDCOUNT_BILLING_CONCURRENCY": "2",
-        "HARDCOUNT_LEASE_POLL_S": "0.05",
-        "HARDCOUNT_LOG_LEVEL": "INFO",
-        **extra,
-    }
-
-
-@pytest.fixture
-def replicas():
-    made: list[Replicas] = []
-
-    def make(env: dict[str, str]) -> Replicas:
-        made.append(Replicas(env))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.stop_all()
-
-
-def assert_clean(audit: Audit, where: str, proxy=None) -> None:
-    conflicts = idempotency_conflicts(proxy) if proxy is not None else []
-    assert audit.problems == [], f"{where}: {audit.problems}; idempotency conflicts at the gateway: {conflicts}"
-    violations = doctor_violations()
-    assert violations == {}, f"{where}: doctor found {violations}"
-
-
-def assert_gateway_agrees() -> str:
-    """The doctor's gateway comparison (``doctor --gateway``): localstripe itself, not the proxy's log,
-    agrees with the books — every paid invoice's PaymentIntent succeeded for its amount, no unpaid
-    invoice was charged, no invoice has two succeeded PaymentIntents. Returns its note."""
-    from hardcount import doctor
-
-    result = doctor.check_gateway(max_examples=10)
-    assert result.status == doctor.OK, f"{result.status}: {result.examples} {result.note}"
-    return result.note
 
 
 def take_over(pool: Replicas, dead, standby_future):

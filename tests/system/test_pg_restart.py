@@ -29,9 +29,11 @@ from django.db import DatabaseError, connection, connections
 from billing.models import PaymentAttempt, Subscription
 from tests.billing.conftest import Book
 from tests.system.correctness import (
-    Replicas,
     ReportRow,
+    assert_clean,
+    assert_gateway_agrees,
     audit_book,
+    billing_env,
     doctor_violations,
     invoices_of,
     record_row,
@@ -39,7 +41,6 @@ from tests.system.correctness import (
     wait_until,
 )
 from tests.system.harness import BASE_DIR, database_url
-from tests.system.test_failure_correctness import GATEWAY_DELAY_S, assert_clean, assert_gateway_agrees, billing_env
 
 pytestmark = [
     pytest.mark.system,
@@ -50,35 +51,6 @@ pytestmark = [
 BOOK_SIZE = 60
 RESTART_AT = 20  # invoices committed when the restart is issued
 DATABASE = "hardcount_restart"
-
-
-@pytest.fixture
-def failing_methods(stripe_proxy) -> set[str]:
-    """The proxy armed as in the other experiments: a 500 for gateway-failing cards (seeding fills the
-    returned set), a small delay on every PaymentIntent call."""
-    failing: set[str] = set()
-    stripe_proxy.fail_next(
-        "500",
-        times=10**9,
-        match=lambda r: r.line.startswith("POST /v1/payment_intents") and r.params.get("payment_method") in failing,
-    )
-    stripe_proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=GATEWAY_DELAY_S)
-    return failing
-
-
-@pytest.fixture
-def scheduler_replicas(stripe_proxy):
-    """Leader and standby ``runscheduler`` replicas, billing only; the pool is stopped at the end."""
-    made: list[Replicas] = []
-
-    def make() -> Replicas:
-        # A 1 s gateway timeout: a payment attempt the restart left ``unknown`` is in flight for 5 s.
-        made.append(Replicas(billing_env(stripe_proxy, HARDCOUNT_GATEWAY_TIMEOUT_S="1")))
-        return made[-1]
-
-    yield make
-    for pool in made:
-        pool.stop_all()
 
 
 class OwnServer:
@@ -151,7 +123,7 @@ def retrying(read):
 
 
 def test_postgresql_restarted_mid_drain_the_runtime_reconnects_and_bills_every_period_exactly_once(
-    transactional_db, stripe_proxy, failing_methods, make_card, scheduler_replicas
+    transactional_db, stripe_proxy, gateway, make_card, replicas
 ):
     started = time.monotonic()
     server = OwnServer()
@@ -167,7 +139,7 @@ def test_postgresql_restarted_mid_drain_the_runtime_reconnects_and_bills_every_p
                 timeout=180,
             )
             assert migrate.returncode == 0, migrate.stderr[-3000:]
-            run_experiment(server, stripe_proxy, failing_methods, make_card, scheduler_replicas, started)
+            run_experiment(server, stripe_proxy, gateway, make_card, replicas, started)
     finally:
         server.remove()
 
@@ -175,7 +147,8 @@ def test_postgresql_restarted_mid_drain_the_runtime_reconnects_and_bills_every_p
 def run_experiment(server, stripe_proxy, failing_methods, make_card, replicas, started):
     """Seed, restart at the chosen point, wait for the runtime to finish, audit; records the report row."""
     book = Book(make_card)
-    pool = replicas()
+    # A 1 s gateway timeout: a payment attempt the restart left ``unknown`` is in flight for 5 s.
+    pool = replicas(billing_env(stripe_proxy, HARDCOUNT_GATEWAY_TIMEOUT_S="1"))
     leader = pool.start().result(timeout=60)
     leader.wait_for("lease_acquired", role="billing", timeout_s=30)
     standby = pool.start().result(timeout=60)
