@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.response import Response
 
@@ -15,42 +15,59 @@ from billing.services.ledger import grant_credit
 from hardcount.api import ApiView, id_path_parameter, list_of
 
 
-class InvoicePayView(ApiView):
-    @extend_schema(
-        operation_id="invoices_pay",
-        summary="Charge an open invoice now",
-        description="Charges `amount_due` to the customer's current default payment method (a new attempt with "
-        "its own idempotency key at the gateway). Answers the invoice: `paid`, or still `open` after a decline "
-        "(see its payment attempts). 409 when the invoice is not open or a payment of it is in flight.",
-        tags=["invoices"],
-        request=s.Empty,
-        parameters=[id_path_parameter("invoice")],
-        responses={200: InvoiceOut},
-    )
+class InvoiceActionView(ApiView):
+    """``POST /v1/invoices/{id}/<action>``: an empty body; runs :meth:`act` on the caller's invoice and
+    answers the invoice as it then is. A subclass implements :meth:`act` and documents its ``post``
+    with :func:`invoice_action_schema`."""
+
     def post(self, request, id):
         self.read_body(s.Empty)
         invoice = self.get_scoped(Invoice, id, kind="invoice")
-        invoice, _attempt, _outcome = pay_invoice(invoice.pk, tenant_id=self.tenant.pk, livemode=self.livemode)
-        return Response(invoice_data(invoice))
+        return Response(invoice_data(self.act(invoice.pk)))
+
+    def act(self, invoice_id: str) -> Invoice:
+        """Run the action on the invoice ``invoice_id`` (the caller's); returns the invoice after it."""
+        raise NotImplementedError
 
 
-class InvoiceVoidView(ApiView):
-    @extend_schema(
-        operation_id="invoices_void",
-        summary="Void a draft or open invoice",
-        description="The balance applied to it returns to the customer and its dunning stops. The period is not "
-        "advanced: a subscription still on that period is invoiced afresh by the next drain. 409 when the "
-        "invoice is paid, void or uncollectible, or a payment's outcome is still unknown.",
-        tags=["invoices"],
-        request=s.Empty,
-        parameters=[id_path_parameter("invoice")],
-        responses={200: InvoiceOut},
+def invoice_action_schema(*, operation_id: str, summary: str, description: str):
+    """The class decorator documenting an :class:`InvoiceActionView`'s ``post``: no body, the invoice back."""
+    return extend_schema_view(
+        post=extend_schema(
+            operation_id=operation_id,
+            summary=summary,
+            description=description,
+            tags=["invoices"],
+            request=s.Empty,
+            parameters=[id_path_parameter("invoice")],
+            responses={200: InvoiceOut},
+        )
     )
-    def post(self, request, id):
-        self.read_body(s.Empty)
-        invoice = self.get_scoped(Invoice, id, kind="invoice")
-        invoice = void_invoice(invoice.pk, tenant_id=self.tenant.pk, livemode=self.livemode)
-        return Response(invoice_data(invoice))
+
+
+@invoice_action_schema(
+    operation_id="invoices_pay",
+    summary="Charge an open invoice now",
+    description="Charges `amount_due` to the customer's current default payment method (a new attempt with "
+    "its own idempotency key at the gateway). Answers the invoice: `paid`, or still `open` after a decline "
+    "(see its payment attempts). 409 when the invoice is not open or a payment of it is in flight.",
+)
+class InvoicePayView(InvoiceActionView):
+    def act(self, invoice_id: str) -> Invoice:
+        invoice, _attempt, _outcome = pay_invoice(invoice_id, tenant_id=self.tenant.pk, livemode=self.livemode)
+        return invoice
+
+
+@invoice_action_schema(
+    operation_id="invoices_void",
+    summary="Void a draft or open invoice",
+    description="The balance applied to it returns to the customer and its dunning stops. The period is not "
+    "advanced: a subscription still on that period is invoiced afresh by the next drain. 409 when the "
+    "invoice is paid, void or uncollectible, or a payment's outcome is still unknown.",
+)
+class InvoiceVoidView(InvoiceActionView):
+    def act(self, invoice_id: str) -> Invoice:
+        return void_invoice(invoice_id, tenant_id=self.tenant.pk, livemode=self.livemode)
 
 
 class InvoicePaymentAttemptsView(ApiView):
