@@ -10,26 +10,31 @@ another fingerprint gets 422 ``idempotency_key_reused``.
 
 Responses with a status of 500 or more, and unexpected exceptions, delete the in-flight
 record, so the client may safely retry. An in-flight record older than
-:data:`IN_FLIGHT_STALE` (its request died mid-way) and any record older than
-:data:`KEY_RETENTION` may be claimed again.
+:data:`IN_FLIGHT_STALE` (its request died mid-way) and any record older than the retention
+(:func:`key_retention`, ``HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS``, at least 24 hours) may
+be claimed again; every claim, a takeover included, gets a fresh record id, so a request
+that outlived its claim can no longer store or drop the record of the request that took it
+over. :func:`prune_expired` deletes records past the retention (the
+``idempotency_maintenance`` role, :mod:`hardcount.loops`; docs/decisions/0023).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 
 from hardcount.errors import Conflict, InvalidParameters
 from hardcount.models import IdempotencyRecord
+from leases.fencing import NO_FENCE, Fence
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
-# How long a key is remembered (Stripe keeps keys for 24 hours).
-KEY_RETENTION = timedelta(hours=24)
 # An in-flight record this old belongs to a request that died; its key may be claimed again.
 IN_FLIGHT_STALE = timedelta(minutes=5)
 
@@ -39,17 +44,43 @@ _TABLE = IdempotencyRecord._meta.db_table
 # one when it has expired (older than the retention) or its request died (in flight for
 # longer than the stale threshold). The unique constraint on (tenant_id, livemode, key)
 # makes two concurrent claims of one key serialise: exactly one of them gets a row back.
+# A takeover draws a new id (nothing references these rows): complete() and abandon() act
+# by id, so the request that was taken over — it may still be running — cannot overwrite or
+# delete its successor's claim.
 _CLAIM_SQL = f"""
 INSERT INTO {_TABLE} AS r
     (tenant_id, livemode, key, request_fingerprint, response_status, response_body, created_at, completed_at)
 VALUES (%(tenant)s, %(livemode)s, %(key)s, %(fingerprint)s, NULL, NULL, now(), NULL)
 ON CONFLICT (tenant_id, livemode, key) DO UPDATE
-    SET request_fingerprint = EXCLUDED.request_fingerprint,
+    SET id = DEFAULT, request_fingerprint = EXCLUDED.request_fingerprint,
         response_status = NULL, response_body = NULL, created_at = now(), completed_at = NULL
     WHERE r.created_at < now() - %(retention)s
        OR (r.completed_at IS NULL AND r.created_at < now() - %(stale)s
            AND r.request_fingerprint = EXCLUDED.request_fingerprint)
 RETURNING r.id
+"""
+
+# prune_expired_batch: delete up to %(limit)s records past the retention, oldest first, in
+# one short statement. Two guards keep it from ever taking a key that is still owed to a
+# client: a record younger than the retention stays (it would still replay or refuse), and
+# an in-flight record younger than the stale threshold stays whatever the retention (its
+# request may still be running and about to store its response; its duplicates must keep
+# getting 409). The conditions are repeated on the outer DELETE so that a row a concurrent
+# claim has just taken over (created_at = now()) is rechecked on its new version and kept;
+# SKIP LOCKED leaves rows an API request is writing to the next batch or tick. Uses the
+# index on created_at, so a batch reads about %(limit)s index entries.
+_PRUNE_BATCH_SQL = f"""
+DELETE FROM {_TABLE} AS r
+WHERE r.id IN (
+        SELECT id FROM {_TABLE}
+        WHERE created_at < now() - %(retention)s
+          AND (completed_at IS NOT NULL OR created_at < now() - %(stale)s)
+        ORDER BY created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+  AND r.created_at < now() - %(retention)s
+  AND (r.completed_at IS NOT NULL OR r.created_at < now() - %(stale)s)
 """
 
 
@@ -66,6 +97,15 @@ class Replay:
 
     status: int
     content: bytes
+
+
+def key_retention() -> timedelta:
+    """How long a key's record is kept after its first request: ``HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS``.
+
+    At least 24 hours (settings refuse less), Stripe's documented minimum. Within it the key
+    replays or refuses; after it the key is free, whether or not the record is pruned yet.
+    """
+    return timedelta(hours=settings.HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS)
 
 
 def validate_key(raw: str | None) -> str | None:
@@ -105,7 +145,7 @@ def begin(*, tenant_id: str, livemode: bool, key: str, request_fingerprint: str)
         "livemode": livemode,
         "key": key,
         "fingerprint": request_fingerprint,
-        "retention": KEY_RETENTION,
+        "retention": key_retention(),
         "stale": IN_FLIGHT_STALE,
     }
     with connection.cursor() as cursor:
@@ -153,3 +193,41 @@ def abandon(claim: Claim) -> None:
     """Delete the claimed in-flight record so a retry with the same key executes afresh."""
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {_TABLE} WHERE id = %s AND completed_at IS NULL", [claim.record_id])
+
+
+def prune_expired(
+    *,
+    fence: Fence = NO_FENCE,
+    batch_size: int | None = None,
+    retention: timedelta | None = None,
+    on_batch: Callable[..., object] | None = None,
+) -> int:
+    """Delete the records whose key has passed its retention; returns how many were deleted.
+
+    A record goes once ``created_at`` is older than ``retention`` (default
+    :func:`key_retention`) by PostgreSQL's ``now()``; an in-flight record also needs to be
+    older than :data:`IN_FLIGHT_STALE`, whatever the retention. Works in batches of
+    ``batch_size`` rows (default ``HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH``, 1000), each one short
+    transaction that first calls ``fence.check()``, repeated until a batch comes back short
+    (nothing left, or only rows an API request holds locked right now). Between batches it
+    stops early when ``fence.alive()`` is False and calls ``on_batch(deleted)`` (the role's
+    liveness stamp). Raises :class:`leases.fencing.LeaseLost` when the lease is gone (that
+    batch rolls back; earlier ones stay, which is harmless: the work is idempotent), and
+    ``ValueError`` for a batch size below 1.
+    """
+    size = settings.HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH if batch_size is None else batch_size
+    if size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {size}")
+    params = {"retention": key_retention() if retention is None else retention, "stale": IN_FLIGHT_STALE, "limit": size}
+    deleted = 0
+    while fence.alive():
+        with transaction.atomic(), connection.cursor() as cursor:
+            fence.check()
+            cursor.execute(_PRUNE_BATCH_SQL, params)
+            count = cursor.rowcount
+        deleted += count
+        if on_batch is not None:
+            on_batch(count)
+        if count < size:
+            break
+    return deleted

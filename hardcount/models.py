@@ -89,3 +89,5 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "livemode", "key"], name="idempotency_record_unique_key")
         ]
+        # Retention pruning reads the oldest records first, a batch at a time (docs/decisions/0023).
+        indexes = [models.Index(fields=["created_at"], name="idempotency_record_created")]

@@ -189,6 +189,11 @@ HARDCOUNT_BILLING_PAGE_SIZE = _env_int("HARDCOUNT_BILLING_PAGE_SIZE", 100)
 HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
 HARDCOUNT_TAX_PROVIDER = os.environ.get("HARDCOUNT_TAX_PROVIDER", "billing.tax.TableRateTaxProvider")
 
+# Test clocks: parallel closes of one clock's drain (docs/decisions/0080). Read by
+# billing.services.clocks, whose own fallback is the same 2: a clock's subscriptions share one
+# tenant's gapless invoice counter, so more parallel closes only queue on it.
+HARDCOUNT_TEST_CLOCK_CONCURRENCY = _env_int("HARDCOUNT_TEST_CLOCK_CONCURRENCY", 2)
+
 # Dunning.
 HARDCOUNT_DUNNING_INTERVAL_S = _env_float("HARDCOUNT_DUNNING_INTERVAL_S", 60)
 
@@ -206,7 +211,9 @@ HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_
 HARDCOUNT_ROLES = [
     r.strip()
     for r in os.environ.get(
-        "HARDCOUNT_ROLES", "billing.loops.BillingRole,dunning.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole"
+        "HARDCOUNT_ROLES",
+        "billing.loops.BillingRole,dunning.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole,"
+        "hardcount.loops.IdempotencyMaintenanceRole",
     ).split(",")
     if r.strip()
 ]
@@ -232,6 +239,19 @@ HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S = _env_float("HARDCOUNT_OUTBOX_MAINTENAN
 HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S = (
     _env_float("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", 0) if os.environ.get("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S") else None
 )
+
+# Idempotency keys (SPEC §7, docs/decisions/0023): a key's record is kept this many hours after
+# its first request, then the key is free again and its record is pruned. At least 24, Stripe's
+# documented minimum, which clients retrying on a Stripe-like API rely on. The
+# ``idempotency_maintenance`` role prunes expired records every interval, in batches of this
+# many rows (each its own short transaction).
+HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS = _env_int("HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS", 24)
+if HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS < 24:
+    raise RuntimeError(
+        f"HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS must be at least 24, got {HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS}"
+    )
+HARDCOUNT_IDEMPOTENCY_PRUNE_INTERVAL_S = _env_float("HARDCOUNT_IDEMPOTENCY_PRUNE_INTERVAL_S", 300.0)
+HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH = _env_int("HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH", 1000)
 
 LOGGING = {
     "version": 1,
