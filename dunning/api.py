@@ -176,11 +176,7 @@ class DunningRunListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        runs = self.scoped(DunningRun)
-        if query.get("status"):
-            runs = runs.filter(status=query["status"])
-        if query.get("invoice"):
-            runs = runs.filter(invoice_id=query["invoice"])
+        runs = self.filter_by_query(self.scoped(DunningRun), query, status="status", invoice="invoice_id")
         return self.paginate(runs, dunning_run_data, query, kind="dunning_run")
 
 

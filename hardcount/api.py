@@ -8,8 +8,8 @@ Every endpoint is an :class:`ApiView` (see ``docs/api-conventions.md``):
 - input is strict: :meth:`ApiView.read_body` and :meth:`ApiView.read_query` validate with a
   :class:`StrictSerializer` (unknown fields refused; ints must be JSON integers, strings
   strings, booleans booleans) and raise 400/415/422 through :mod:`hardcount.errors`;
-- lists go through :meth:`ApiView.paginate` (``limit`` 1–100, default 10;
-  ``starting_after``; newest first);
+- lists take their filter parameters through :meth:`ApiView.filter_by_query` and go through
+  :meth:`ApiView.paginate` (``limit`` 1–100, default 10; ``starting_after``; newest first);
 - every POST honours ``Idempotency-Key`` (:mod:`hardcount.idempotency`) with no code in
   the view;
 - the OpenAPI document gets the standard error responses and the ``Idempotency-Key``
@@ -444,7 +444,8 @@ class ApiView(APIView):
     Subclasses implement ``get``/``post``; declare ``<method>_query`` (a :class:`ListQuery`
     or :class:`StrictSerializer` subclass) to have query parameters validated and
     documented. Inside a handler use ``self.tenant``, ``self.livemode``, :meth:`scoped`,
-    :meth:`get_scoped`, :meth:`read_body`, :meth:`read_query` and :meth:`paginate`.
+    :meth:`get_scoped`, :meth:`read_body`, :meth:`read_query`, :meth:`filter_by_query` and
+    :meth:`paginate`.
     """
 
     authentication_classes = [ApiKeyAuthentication]
@@ -523,6 +524,18 @@ class ApiView(APIView):
         return serializer.validated_data
 
     # -- lists -----------------------------------------------------------------------
+
+    def filter_by_query(self, queryset: QuerySet, query: Mapping[str, Any], **lookups: str) -> QuerySet:
+        """``queryset`` narrowed by each filter parameter the caller gave, in ``lookups``' order.
+
+        ``lookups`` maps a query parameter to the field lookup it filters on:
+        ``customer="customer_id"`` adds ``.filter(customer_id=query["customer"])``. A parameter
+        absent or empty in the validated ``query`` adds nothing.
+        """
+        for param, lookup in lookups.items():
+            if query.get(param):
+                queryset = queryset.filter(**{lookup: query[param]})
+        return queryset
 
     def paginate(
         self,

@@ -131,9 +131,7 @@ class EventListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        events = self.scoped(Event)
-        if query.get("type"):
-            events = events.filter(type=query["type"])
+        events = self.filter_by_query(self.scoped(Event), query, type="type")
         return self.paginate(events, event_data, query, kind="event")
 
 
@@ -160,13 +158,9 @@ class DeliveryListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        deliveries = _deliveries(self)
-        if query.get("event"):
-            deliveries = deliveries.filter(event_id=query["event"])
-        if query.get("webhook_endpoint"):
-            deliveries = deliveries.filter(endpoint_id=query["webhook_endpoint"])
-        if query.get("status"):
-            deliveries = deliveries.filter(status=query["status"])
+        deliveries = self.filter_by_query(
+            _deliveries(self), query, event="event_id", webhook_endpoint="endpoint_id", status="status"
+        )
         # Deliveries have no tenant column (their event has), so the cursor is checked here
         # rather than by paginate()'s tenant-column scoping.
         cursor = query.get("starting_after")

@@ -50,11 +50,7 @@ class CustomerListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        customers = self.scoped(Customer)
-        if query.get("email"):
-            customers = customers.filter(email=query["email"])
-        if query.get("external_id"):
-            customers = customers.filter(external_id=query["external_id"])
+        customers = self.filter_by_query(self.scoped(Customer), query, email="email", external_id="external_id")
         return self.paginate(customers, customer_data, query, kind="customer")
 
 
@@ -144,11 +140,7 @@ class SubscriptionListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        subscriptions = self.scoped(Subscription)
-        if query.get("customer"):
-            subscriptions = subscriptions.filter(customer_id=query["customer"])
-        if query.get("status"):
-            subscriptions = subscriptions.filter(status=query["status"])
+        subscriptions = self.filter_by_query(self.scoped(Subscription), query, customer="customer_id", status="status")
         return self.paginate(subscriptions, subscription_data, query, kind="subscription")
 
 
@@ -195,12 +187,13 @@ class InvoiceListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        invoices = self.scoped(Invoice).prefetch_related("lines")
-        for name in ("customer", "subscription"):
-            if query.get(name):
-                invoices = invoices.filter(**{f"{name}_id": query[name]})
-        if query.get("status"):
-            invoices = invoices.filter(status=query["status"])
+        invoices = self.filter_by_query(
+            self.scoped(Invoice).prefetch_related("lines"),
+            query,
+            customer="customer_id",
+            subscription="subscription_id",
+            status="status",
+        )
         return self.paginate(invoices, invoice_data, query, kind="invoice")
 
 
