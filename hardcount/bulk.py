@@ -37,3 +37,36 @@ def copy_models(model: type[models.Model], objs: Iterable[models.Model]) -> int:
             copy.write_row(row)
             count += 1
     return count
+
+
+def update_models(model: type[models.Model], objs: list[models.Model], field_names: Iterable[str]) -> int:
+    """Write ``field_names`` of ``objs`` (saved instances of ``model``) in one ``UPDATE … FROM unnest(…)``.
+
+    The values are taken from the instances as ``save(update_fields=…)`` would take them
+    (``auto_now`` fields are stamped and written too); each column is sent as one typed array, so
+    the statement is the same whatever the number of rows. Runs inside the caller's transaction;
+    the caller holds the rows' locks. Returns the number of rows updated.
+    """
+    if not objs:
+        return 0
+    opts = model._meta
+    fields = [opts.get_field(name) for name in field_names]
+    fields += [f for f in opts.concrete_fields if getattr(f, "auto_now", False) and f not in fields]
+    if any(isinstance(f, models.JSONField) for f in fields):
+        raise ValueError("update_models does not write JSON fields")
+    pk = opts.pk
+    columns = [pk, *fields]
+    arrays = [[pk.get_db_prep_save(obj.pk, connection) for obj in objs]]
+    arrays += [[f.get_db_prep_save(f.pre_save(obj, False), connection) for obj in objs] for f in fields]
+    statement = sql.SQL(
+        "UPDATE {table} AS t SET {sets} FROM unnest({arrays}) AS v({names}) WHERE t.{pk} = v.{pk}"
+    ).format(
+        table=sql.Identifier(opts.db_table),
+        sets=sql.SQL(", ").join(sql.SQL("{c} = v.{c}").format(c=sql.Identifier(f.column)) for f in fields),
+        arrays=sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(f.db_type(connection))) for f in columns),
+        names=sql.SQL(", ").join(sql.Identifier(f.column) for f in columns),
+        pk=sql.Identifier(pk.column),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(connection.connection), arrays)
+        return cursor.rowcount

@@ -46,7 +46,7 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
-from billing.tax import TaxableInvoice, TaxUnavailable, get_tax_provider
+from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from leases.fencing import NO_FENCE, Fence, LeaseLost
 from outbox import services as outbox_services
 from outbox.services import emit_event
@@ -88,7 +88,8 @@ def close_subscription_period(
     or for transient database errors only reported); raises :class:`LeaseLost` when the fence
     refuses a write.
     """
-    try:
+
+    def steps() -> Outcome:
         prepared = _prepare(
             subscription_id,
             periods_billed=periods_billed,
@@ -105,16 +106,83 @@ def close_subscription_period(
         result = send(prepared)
         if hooks.after_charge:
             hooks.after_charge(prepared, result)
-        return record_outcome(
-            prepared,
-            result,
-            fence=fence,
-            save_failure=True,
-            fresh_ladder=manual_retry,
-            run=run,
-            as_of=as_of,
-            on_record=hooks.during_record,
-        )
+        return _record(prepared, result, run=run, as_of=as_of, fence=fence, manual_retry=manual_retry)
+
+    return _guarded(
+        steps,
+        subscription_id,
+        periods_billed=periods_billed,
+        run=run,
+        as_of=as_of,
+        test_clock_id=test_clock_id,
+        fence=fence,
+        manual_retry=manual_retry,
+    )
+
+
+def record_charge(
+    plan: ChargePlan,
+    result: gw.ChargeResult,
+    *,
+    periods_billed: int,
+    run: BillingRun | None,
+    as_of: datetime | None = None,
+    test_clock_id: str | None = None,
+    fence: Fence = NO_FENCE,
+) -> Outcome:
+    """Step 3 of a close whose steps 1 and 2 ran elsewhere (the page close, :mod:`billing.services.page`).
+
+    ``plan`` was reserved for period ``periods_billed`` of ``plan.subscription_id``; ``result`` is
+    the gateway's answer. Records it as :func:`close_subscription_period` would, with the same
+    handling of failures; raises :class:`LeaseLost` when the fence refuses a write.
+    """
+    return _guarded(
+        lambda: _record(plan, result, run=run, as_of=as_of, fence=fence, manual_retry=False),
+        plan.subscription_id,
+        periods_billed=periods_billed,
+        run=run,
+        as_of=as_of,
+        test_clock_id=test_clock_id,
+        fence=fence,
+        manual_retry=False,
+    )
+
+
+def _record(
+    plan: ChargePlan,
+    result: gw.ChargeResult,
+    *,
+    run: BillingRun | None,
+    as_of: datetime | None,
+    fence: Fence,
+    manual_retry: bool,
+) -> Outcome:
+    return record_outcome(
+        plan,
+        result,
+        fence=fence,
+        save_failure=True,
+        fresh_ladder=manual_retry,
+        run=run,
+        as_of=as_of,
+        on_record=hooks.during_record,
+    )
+
+
+def _guarded(
+    steps: Callable[[], Outcome],
+    subscription_id: str,
+    *,
+    periods_billed: int,
+    run: BillingRun | None,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+    manual_retry: bool,
+) -> Outcome:
+    """Run a close's ``steps``; a failure becomes its :class:`Outcome` (saved on the subscription as SPEC §4 says)."""
+    try:
+        return steps()
     except LeaseLost:
         raise
     except (OperationalError, InterfaceError) as exc:
@@ -241,6 +309,31 @@ def _materialise(
     sub: Subscription, start: datetime, end: datetime, now: datetime
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
     """Insert the period's draft invoice and its line unless one exists; the new invoice and its lines, or None."""
+    invoice, line = new_draft_invoice(sub, start, end, now)
+    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
+    if not materialise_invoice(row):
+        return None
+    invoice._state.adding = False
+    invoice._state.db = connection.alias
+    line.save(force_insert=True)
+    emit_event(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        type="invoice.created",
+        data=invoice_data(invoice, lines=[line]),
+        created_at=now,
+    )
+    return invoice, [line]
+
+
+def new_draft_invoice(
+    sub: Subscription, start: datetime, end: datetime, now: datetime
+) -> tuple[Invoice, InvoiceLineItem]:
+    """The unsaved draft invoice of ``sub``'s period ``[start, end)`` and its one line (the price, quantity 1).
+
+    ``subtotal = total = amount_due`` = the price's amount in its currency (minor units);
+    ``created_at`` = ``now``, the billing time. ``sub.price`` must be loaded.
+    """
     price = sub.price
     invoice = Invoice(
         tenant_id=sub.tenant_id,
@@ -256,12 +349,7 @@ def _materialise(
         amount_due=price.amount,
         created_at=now,
     )
-    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
-    if not materialise_invoice(row):
-        return None
-    invoice._state.adding = False
-    invoice._state.db = connection.alias
-    line = InvoiceLineItem.objects.create(
+    line = InvoiceLineItem(
         invoice_id=invoice.id,
         description=_line_description(sub),
         price_id=price.id,
@@ -271,14 +359,7 @@ def _materialise(
         period_start=start,
         period_end=end,
     )
-    emit_event(
-        tenant_id=sub.tenant_id,
-        livemode=sub.livemode,
-        type="invoice.created",
-        data=invoice_data(invoice, lines=[line]),
-        created_at=now,
-    )
-    return invoice, [line]
+    return invoice, line
 
 
 def _line_description(sub: Subscription) -> str:
@@ -304,8 +385,31 @@ def finalize_or_pend_locked(
     the invoice's customer if the caller has locked it already; ``lines``: its line items if
     known (each saves a query).
     """
+    quote = tax_quote(invoice)
+    if quote is None:
+        if invoice.tax_status != Invoice.TAX_PENDING:
+            invoice.tax_status = Invoice.TAX_PENDING
+            invoice.save(update_fields=["tax_status"])
+        return False
+    apply_tax(invoice, quote)
+    customer = customer or lock_customer(invoice.customer_id)
+    apply_balance_locked(customer, invoice, at=now)
+    mark_finalized(invoice, number=next_invoice_number(invoice.tenant_id, invoice.livemode), now=now)
+    invoice.save()
+    emit_event(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        type="invoice.finalized",
+        data=invoice_data(invoice, lines=lines),
+        created_at=now,
+    )
+    return True
+
+
+def tax_quote(invoice: Invoice) -> TaxQuote | None:
+    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged)."""
     try:
-        quote = get_tax_provider().calculate(
+        return get_tax_provider().calculate(
             TaxableInvoice(
                 tenant_id=invoice.tenant_id,
                 livemode=invoice.livemode,
@@ -316,33 +420,24 @@ def finalize_or_pend_locked(
         )
     except TaxUnavailable as exc:
         log.warning("tax unavailable for %s: %s", invoice.id, exc)
-        quote = None
     except Exception:
         log.exception("tax provider failed for %s", invoice.id)
-        quote = None
-    if quote is None:
-        if invoice.tax_status != Invoice.TAX_PENDING:
-            invoice.tax_status = Invoice.TAX_PENDING
-            invoice.save(update_fields=["tax_status"])
-        return False
+    return None
+
+
+def apply_tax(invoice: Invoice, quote: TaxQuote) -> None:
+    """Set the invoice's tax from ``quote`` and ``total = subtotal + tax`` (minor units of its currency)."""
     invoice.tax = quote.amount
     invoice.tax_rate_bps = quote.rate_bps
     invoice.tax_status = Invoice.TAX_CALCULATED if quote.applicable else Invoice.TAX_NOT_APPLICABLE
     invoice.total = invoice.subtotal + invoice.tax
-    customer = customer or lock_customer(invoice.customer_id)
-    apply_balance_locked(customer, invoice, at=now)
-    invoice.number = f"{next_invoice_number(invoice.tenant_id, invoice.livemode):06d}"
+
+
+def mark_finalized(invoice: Invoice, *, number: int, now: datetime) -> None:
+    """Finalise a draft in memory: gapless ``number`` (six digits, per tenant and mode), ``open``, ``finalized_at``."""
+    invoice.number = f"{number:06d}"
     invoice.status = Invoice.OPEN
     invoice.finalized_at = now
-    invoice.save()
-    emit_event(
-        tenant_id=invoice.tenant_id,
-        livemode=invoice.livemode,
-        type="invoice.finalized",
-        data=invoice_data(invoice, lines=lines),
-        created_at=now,
-    )
-    return True
 
 
 def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:

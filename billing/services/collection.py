@@ -67,7 +67,9 @@ def _lock(invoice_id: str) -> tuple[Subscription | None, Invoice]:
     subscription_id = Invoice.objects.filter(pk=invoice_id).values_list("subscription_id", flat=True).get()
     subscription = None
     if subscription_id:
-        subscription = Subscription.objects.select_for_update().select_related("price").get(pk=subscription_id)
+        subscription = (
+            Subscription.objects.select_for_update(of=("self",)).select_related("price").get(pk=subscription_id)
+        )
     return subscription, Invoice.objects.select_for_update().get(pk=invoice_id)
 
 

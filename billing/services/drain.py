@@ -27,8 +27,10 @@ from django.db.models import F, Q
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.queries import claim_due_page, database_now, still_due
 from billing.representations import billing_run_data
-from billing.services.close import close_subscription_period, finalize_or_pend_locked
+from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
+from billing.services.close import hooks as close_hooks
 from billing.services.ledger import lock_customer
+from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
     Outcome,
     PaymentInFlight,
@@ -146,7 +148,9 @@ def drain_due(
             attempted.update(subscription_id for subscription_id, _ in page)
             run.pages += 1
             lease_lost = None
-            for result in pool.map(close, page):
+            for result in _close_page(
+                page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
+            ):
                 if isinstance(result, _Abandoned | LeaseLost):
                     lease_lost = result
                     continue
@@ -233,6 +237,81 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
         if status != BillingRun.FAILED:
             raise
         log.error("could not record the end of billing run %s", run.id)
+
+
+def _close_page(
+    page: list[tuple[str, int]],
+    pool: _ClosePool,
+    close: Callable[[tuple[str, int]], Outcome],
+    *,
+    run: BillingRun,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+) -> list:
+    """Close every claimed ``(subscription id, periods_billed)`` of a page; their Outcomes, or the exceptions raised.
+
+    Plain closes share their steps 1 and 3 (:mod:`billing.services.page`, unless
+    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off) and send their charges on the pool; every other close,
+    and every charge the page's step 3 leaves, runs one by one on the pool with the full rules.
+    A database error (or a bug) in a page step hands its closes to the per-close path instead.
+    Lost lease: nothing more is written once a send saw it (the results say so).
+    """
+    prepared, others = [], page
+    if settings.HARDCOUNT_BILLING_PAGE_CLOSE:
+        try:
+            prepared, others = prepare_page(page, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+        except LeaseLost:
+            raise
+        except Exception:
+            log.exception("page close of billing run %s: step 1 failed; closing its page one by one", run.id)
+    for p in prepared:
+        if close_hooks.after_prepare:
+            close_hooks.after_prepare(p.plan)
+
+    def work(task: tuple[str, object]) -> object:
+        kind, value = task
+        if kind == "close":
+            return close(value)
+        if not fence.alive():
+            raise _Abandoned()
+        result = send(value.plan)
+        if close_hooks.after_charge:
+            close_hooks.after_charge(value.plan, result)
+        return result
+
+    tasks = [("send", p) for p in prepared] + [("close", item) for item in others]
+    results, charged = [], []
+    for (kind, value), result in zip(tasks, pool.map(work, tasks), strict=True):
+        if kind == "send" and not isinstance(result, BaseException):
+            charged.append((value, result))
+        else:
+            results.append(result)
+    if not charged or any(isinstance(r, BaseException) for r in results):
+        # A lost lease writes nothing more; another exception ends the drain. The charges sent stay
+        # reserved attempts, re-sent under their keys by the next close or the reconciler.
+        return results
+    recorded, leftover = {}, charged
+    try:
+        recorded, leftover = record_page(charged, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+    except LeaseLost:
+        raise
+    except Exception:
+        log.exception("page close of billing run %s: step 3 failed; recording its charges one by one", run.id)
+
+    def record(item: tuple[PreparedClose, object]) -> Outcome:
+        prepared_close, result = item
+        return record_charge(
+            prepared_close.plan,
+            result,
+            periods_billed=prepared_close.item[1],
+            run=run,
+            as_of=as_of,
+            test_clock_id=test_clock_id,
+            fence=fence,
+        )
+
+    return results + list(recorded.values()) + pool.map(record, leftover)
 
 
 class _ClosePool:
@@ -403,7 +482,11 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
             return "skipped"
         sub = None
         if invoice.subscription_id:
-            sub = Subscription.objects.select_for_update().select_related("price").get(pk=invoice.subscription_id)
+            sub = (
+                Subscription.objects.select_for_update(of=("self",))
+                .select_related("price")
+                .get(pk=invoice.subscription_id)
+            )
         invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice_id).first()
         if invoice is None or invoice.status != Invoice.DRAFT or invoice.tax_status != Invoice.TAX_PENDING:
             return "skipped"
@@ -430,7 +513,11 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         invoice = attempt.invoice
         sub = None
         if invoice.subscription_id:
-            sub = Subscription.objects.select_for_update().select_related("price").get(pk=invoice.subscription_id)
+            sub = (
+                Subscription.objects.select_for_update(of=("self",))
+                .select_related("price")
+                .get(pk=invoice.subscription_id)
+            )
         invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice.pk).first()
         if invoice is None or invoice.status != Invoice.OPEN:
             return None

@@ -52,7 +52,7 @@ def _lock_invoice_and_subscription(
         raise NotFoundError(f"No such invoice: '{invoice_id}'.", param="id")
     sub = None
     if found.subscription_id:
-        sub = Subscription.objects.select_for_update().select_related("price").get(pk=found.subscription_id)
+        sub = Subscription.objects.select_for_update(of=("self",)).select_related("price").get(pk=found.subscription_id)
     invoice = Invoice.objects.select_for_update().get(pk=invoice_id)
     return invoice, sub
 

@@ -74,6 +74,17 @@ def apply_balance_locked(customer: Customer, invoice: Invoice, *, at: datetime) 
     ``applied_to_invoice`` entry of ``-credit_applied``. A balance in another currency is left
     alone (amount_due = total).
     """
+    applied = set_balance_applied(customer, invoice)
+    record_balance_applied_locked(customer, invoice, at=at)
+    return applied
+
+
+def set_balance_applied(customer: Customer, invoice: Invoice) -> int:
+    """The first half of :func:`apply_balance_locked`, in memory only: ``credit_applied`` and ``amount_due``.
+
+    Returns the amount applied (signed minor units of the invoice's currency). Follow it with
+    :func:`record_balance_applied_locked` in the same transaction, or discard the invoice.
+    """
     applied = 0
     if customer.credit_balance and customer.currency == invoice.currency:
         applied = (
@@ -81,17 +92,24 @@ def apply_balance_locked(customer: Customer, invoice: Invoice, *, at: datetime) 
         )
     invoice.credit_applied = applied
     invoice.amount_due = invoice.total - applied
-    if applied:
-        _append_locked(
-            customer,
-            amount=-applied,
-            currency=invoice.currency,
-            reason=LedgerEntry.APPLIED,
-            at=at,
-            invoice=invoice,
-            description=("credit applied to " if applied > 0 else "balance owed added to ") + invoice.id,
-        )
     return applied
+
+
+def record_balance_applied_locked(customer: Customer, invoice: Invoice, *, at: datetime) -> LedgerEntry | None:
+    """The ledger side of :func:`set_balance_applied`: the ``applied_to_invoice`` entry of ``-credit_applied``
+    (none when nothing was applied), moving the customer's balance (customer row locked)."""
+    applied = invoice.credit_applied
+    if not applied:
+        return None
+    return _append_locked(
+        customer,
+        amount=-applied,
+        currency=invoice.currency,
+        reason=LedgerEntry.APPLIED,
+        at=at,
+        invoice=invoice,
+        description=("credit applied to " if applied > 0 else "balance owed added to ") + invoice.id,
+    )
 
 
 def carry_debit_locked(customer: Customer, invoice: Invoice, *, at: datetime) -> LedgerEntry:

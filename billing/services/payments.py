@@ -135,33 +135,46 @@ def reserve_attempt_locked(
         latest.save(update_fields=["outcome", "started_at"])
         return ChargePlan(latest.id, invoice.id, invoice.subscription_id, _request(invoice, customer, latest))
 
-    number = (latest.attempt_number if latest else 0) + 1
-    payment_method = customer.default_payment_method
-    attempt = PaymentAttempt(
-        tenant_id=invoice.tenant_id,
-        livemode=invoice.livemode,
-        invoice=invoice,
-        attempt_number=number,
-        payment_intent_id=invoice.payment_intent_id,
-        payment_method=payment_method,
-        amount=invoice.amount_due,
-        currency=invoice.currency,
-        outcome=PaymentAttempt.UNKNOWN,
-        started_at=now,
-        completed_at=now,
-    )
-    if not payment_method:
+    attempt = new_attempt(invoice, customer, number=(latest.attempt_number if latest else 0) + 1, now=now)
+    attempt.save(force_insert=True)
+    if not attempt.payment_method:
         # Nothing to send. Recorded as a decline by record_outcome (the caller runs it in this
         # same transaction when ``known_result`` is set).
-        attempt.save(force_insert=True)
         known = gw.ChargeResult(
             outcome=gw.DECLINED,
             decline_code="payment_method_missing",
             error_message="The customer has no default payment method.",
         )
         return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, None, known_result=known)
-    attempt.idempotency_key = _new_attempt_key(invoice, number)
-    attempt.save(force_insert=True)
+    return plan_for(invoice, customer, attempt)
+
+
+def new_attempt(invoice: Invoice, customer: Customer, *, number: int, now: datetime) -> PaymentAttempt:
+    """Unsaved payment attempt ``number`` of an open invoice: ``amount_due`` of its currency, outcome ``unknown``.
+
+    It charges the customer's current default payment method under :func:`_new_attempt_key`; with
+    no payment method it has no key (nothing will be sent). ``now``: the wall clock (the DB's now()).
+    """
+    attempt = PaymentAttempt(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        invoice=invoice,
+        attempt_number=number,
+        payment_intent_id=invoice.payment_intent_id,
+        payment_method=customer.default_payment_method,
+        amount=invoice.amount_due,
+        currency=invoice.currency,
+        outcome=PaymentAttempt.UNKNOWN,
+        started_at=now,
+        completed_at=now,
+    )
+    if attempt.payment_method:
+        attempt.idempotency_key = _new_attempt_key(invoice, number)
+    return attempt
+
+
+def plan_for(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> ChargePlan:
+    """The step-2 plan of a reserved ``attempt`` that has a payment method to charge."""
     return ChargePlan(attempt.id, invoice.id, invoice.subscription_id, _request(invoice, customer, attempt))
 
 
@@ -310,19 +323,27 @@ def act_on_paid_locked(subscription: Subscription | None, invoice: Invoice, *, n
     invoice is for the current one, clear the failure state, and return it to ``active``."""
     if subscription is None:
         return
+    other_open = subscription.status == Subscription.PAST_DUE and _has_other_open_invoices(subscription, invoice)
+    if paid_changes(subscription, invoice, other_open_invoices=other_open):
+        subscription.save()
+        _emit_sub(subscription, "subscription.updated", now)
+
+
+def paid_changes(subscription: Subscription, invoice: Invoice, *, other_open_invoices: bool) -> bool:
+    """Apply a paid invoice to the subscription in memory; True when anything changed (save it and emit
+    ``subscription.updated``). The current period advances and the failure state clears; ``trialing``,
+    or ``past_due`` with no ``other_open_invoices``, becomes ``active``."""
     changed = False
     if is_current_period(subscription, invoice):
         advance_period_locked(subscription, invoice)
         clear_failure_state(subscription)
         changed = True
     if subscription.status == Subscription.TRIALING or (
-        subscription.status == Subscription.PAST_DUE and not _has_other_open_invoices(subscription, invoice)
+        subscription.status == Subscription.PAST_DUE and not other_open_invoices
     ):
         subscription.status = Subscription.ACTIVE
         changed = True
-    if changed:
-        subscription.save()
-        _emit_sub(subscription, "subscription.updated", now)
+    return changed
 
 
 def act_on_declined_locked(
@@ -411,20 +432,18 @@ def record_outcome(
         fence.check()
         subscription = None
         if plan.subscription_id:
-            subscription = Subscription.objects.select_for_update().select_related("price").get(pk=plan.subscription_id)
+            subscription = (
+                Subscription.objects.select_for_update(of=("self",))
+                .select_related("price")
+                .get(pk=plan.subscription_id)
+            )
         invoice = Invoice.objects.select_for_update().get(pk=plan.invoice_id)
         attempt = PaymentAttempt.objects.select_for_update().get(pk=plan.attempt_id)
         customer = Customer.objects.select_for_update().get(pk=invoice.customer_id)
         clock_id = invoice_clock_id(invoice, subscription)
         now = billing_time(clock_id, as_of)
 
-        customer_fields = []
-        if result.gateway_customer_id and customer.gateway_customer_id != result.gateway_customer_id:
-            customer.gateway_customer_id = result.gateway_customer_id
-            customer_fields.append("gateway_customer_id")
-        if result.payment_method_attached and customer.gateway_payment_method != attempt.payment_method:
-            customer.gateway_payment_method = attempt.payment_method
-            customer_fields.append("gateway_payment_method")
+        customer_fields = note_gateway_ids(customer, attempt, result)
         if customer_fields:
             customer.save(update_fields=customer_fields)
 
@@ -436,14 +455,8 @@ def record_outcome(
                 write_billing_attempt(run, plan.subscription_id, outcome, now=now)
             return outcome
 
-        attempt.outcome = result.outcome
-        attempt.decline_code = result.decline_code[:100]
-        attempt.error_message = result.error_message[:2000]
-        attempt.http_status = result.http_status
         # The DB's now() is the same all through this transaction: reuse it for wall-clock invoices.
-        attempt.completed_at = now if clock_id is None and as_of is None else database_now()
-        if result.payment_intent_id:
-            attempt.payment_intent_id = result.payment_intent_id
+        apply_result(attempt, result, completed_at=now if clock_id is None and as_of is None else database_now())
         attempt.save()
         invoice_fields = []  # saved with the outcome's own invoice update, or at the end
         if result.payment_intent_id and not invoice.payment_intent_id:
@@ -453,11 +466,8 @@ def record_outcome(
         if result.outcome == gw.SUCCEEDED:
             outcome = Outcome("billed", invoice.id)
             if invoice.status == Invoice.OPEN:
-                invoice.status = Invoice.PAID
-                invoice.amount_paid = invoice.amount_due
-                invoice.paid_at = now
-                invoice.attempt_count += 1
-                invoice.save(update_fields=["status", "amount_paid", "paid_at", "attempt_count", *invoice_fields])
+                mark_paid(invoice, now=now)
+                invoice.save(update_fields=[*PAID_FIELDS, *invoice_fields])
                 invoice_fields = []
                 emit_event(
                     tenant_id=invoice.tenant_id,
@@ -502,6 +512,45 @@ def record_outcome(
         if plan.subscription_id:
             write_billing_attempt(run, plan.subscription_id, outcome, now=now)
         return outcome
+
+
+def note_gateway_ids(customer: Customer, attempt: PaymentAttempt, result: gw.ChargeResult) -> list[str]:
+    """Keep the gateway's customer id and attached payment method on the customer (in memory); the changed fields."""
+    fields = []
+    if result.gateway_customer_id and customer.gateway_customer_id != result.gateway_customer_id:
+        customer.gateway_customer_id = result.gateway_customer_id
+        fields.append("gateway_customer_id")
+    if result.payment_method_attached and customer.gateway_payment_method != attempt.payment_method:
+        customer.gateway_payment_method = attempt.payment_method
+        fields.append("gateway_payment_method")
+    return fields
+
+
+ATTEMPT_RESULT_FIELDS = ("outcome", "decline_code", "error_message", "http_status", "completed_at", "payment_intent_id")
+
+
+def apply_result(attempt: PaymentAttempt, result: gw.ChargeResult, *, completed_at: datetime) -> None:
+    """Write the gateway's answer on the attempt in memory (:data:`ATTEMPT_RESULT_FIELDS`); texts are truncated
+    to their columns, and a PaymentIntent id the answer lacks keeps the attempt's own."""
+    attempt.outcome = result.outcome
+    attempt.decline_code = result.decline_code[:100]
+    attempt.error_message = result.error_message[:2000]
+    attempt.http_status = result.http_status
+    attempt.completed_at = completed_at
+    if result.payment_intent_id:
+        attempt.payment_intent_id = result.payment_intent_id
+
+
+PAID_FIELDS = ("status", "amount_paid", "paid_at", "attempt_count")
+
+
+def mark_paid(invoice: Invoice, *, now: datetime) -> None:
+    """An open invoice paid by a charge, in memory (:data:`PAID_FIELDS`): ``amount_paid = amount_due``, one
+    more attempt counted."""
+    invoice.status = Invoice.PAID
+    invoice.amount_paid = invoice.amount_due
+    invoice.paid_at = now
+    invoice.attempt_count += 1
 
 
 def invoice_clock_id(invoice: Invoice, subscription: Subscription | None) -> str | None:

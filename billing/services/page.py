@@ -1,0 +1,333 @@
+"""The page close: a drain page's plain closes share steps 1 and 3, each one transaction of set-wise statements.
+
+A close (:mod:`billing.services.close`) costs two transactions of about twenty statements each
+way; on a day when 20,000 subscriptions fall due, the drain's own CPU and PostgreSQL's, not the
+gateway, bound how fast the book is billed (docs/benchmarks/drain.md). Most closes on such a day
+are alike: a fresh period, no invoice yet, tax answered, an amount to charge (after any balance)
+and a payment method to charge it to, and a first charge that succeeds. For those this module
+writes the same rows as the close, with the same rules (the close's own builders:
+:func:`~billing.services.close.new_draft_invoice`, :func:`~billing.services.close.apply_tax`,
+:func:`~billing.services.payments.new_attempt`, :func:`~billing.services.payments.paid_changes` …),
+a page at a time:
+
+1. :func:`prepare_page`, one transaction: lock the page's subscriptions still due for the claimed
+   period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
+   finalise every plain close's invoice with its line, take the tenant's gapless numbers in one
+   counter update, reserve each first payment attempt, and emit ``invoice.created`` and
+   ``invoice.finalized``, as SPEC §4 step 1 asks of each close.
+2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
+3. :func:`record_page`, one transaction: lock subscriptions, invoices, attempts and customers (the
+   order every billing writer uses), record each successful charge, mark its invoice paid, advance
+   its period, and emit ``invoice.paid`` and ``subscription.updated``.
+
+Everything else goes back to the drain to close one by one with the full rules: a subscription
+that is not plain (cancelling at period end, ``past_due``, an invoice already there, tax pending,
+nothing or too little to charge, no payment method) and every charge that did
+not succeed (a decline starts dunning; a failure goes on the retry ladder). A database error in
+either transaction rolls that page's batch back whole and hands every close in it to the same
+per-close path, so a page close is never less safe than the closes it replaces; the unique index
+on (subscription, period) still guards each invoice. docs/decisions/0016-page-close.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from billing import gateway as gw
+from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.periods import period_bounds
+from billing.queries import database_now
+from billing.representations import invoice_data, subscription_data
+from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
+from billing.services.ledger import record_balance_applied_locked, set_balance_applied
+from billing.services.payments import (
+    ATTEMPT_RESULT_FIELDS,
+    PAID_FIELDS,
+    ChargePlan,
+    Outcome,
+    apply_result,
+    billing_time,
+    is_current_period,
+    mark_paid,
+    needs_no_charge,
+    new_attempt,
+    note_gateway_ids,
+    paid_changes,
+    plan_for,
+)
+from hardcount.bulk import copy_models, update_models
+from leases.fencing import Fence
+from outbox import services as outbox_services
+from outbox.services import emit_event
+
+# Statuses a plain close starts from: paying never changes a past_due subscription's dunning here.
+PLAIN_STATUSES = (Subscription.TRIALING, Subscription.ACTIVE)
+SUBSCRIPTION_PAID_FIELDS = (
+    "status",
+    "current_period_start",
+    "current_period_end",
+    "periods_billed",
+    "next_billing_at",
+    "billing_failure_count",
+    "next_billing_attempt_at",
+    "billing_parked_at",
+    "last_billing_error",
+)
+
+
+@dataclass
+class PreparedClose:
+    """One plain close after step 1: the claimed ``(subscription id, periods_billed)`` and its charge plan."""
+
+    item: tuple[str, int]
+    plan: ChargePlan
+    lines: list[InvoiceLineItem]
+
+
+def prepare_page(
+    items: list[tuple[str, int]],
+    *,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+) -> tuple[list[PreparedClose], list[tuple[str, int]]]:
+    """Step 1 for a page's plain closes, in one transaction; ``(prepared, others)``.
+
+    ``items`` are the page's claimed ``(subscription id, periods_billed)``; ``as_of`` and
+    ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
+    their invoice finalised and their first attempt reserved, committed; ``others`` (in page
+    order) were left untouched for the per-close path. Raises the database's error (nothing of the
+    batch is then written) and :class:`~leases.fencing.LeaseLost` when the fence refuses.
+    """
+    periods = dict(items)
+    with transaction.atomic(), outbox_services.deferred_events():
+        fence.check()
+        subs = _lock_due(periods, as_of=as_of, test_clock_id=test_clock_id)
+        now = billing_time(test_clock_id, as_of)
+        # The DB's now() is the same all through this transaction: reuse it for wall-clock drains.
+        wall_now = now if test_clock_id is None and as_of is None else database_now()
+        bounds = {}
+        for sub in subs:
+            if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end:
+                price = sub.price
+                bounds[sub.id] = period_bounds(
+                    sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed
+                )
+        taken = _periods_invoiced(bounds)
+        plain = [sub for sub in subs if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken]
+        customers = {
+            c.id: c
+            for c in Customer.objects.select_for_update()
+            .filter(pk__in=sorted({sub.customer_id for sub in plain}))
+            .order_by("id")
+        }
+        drafts = []
+        for sub in plain:
+            customer = customers[sub.customer_id]
+            if not customer.default_payment_method:
+                continue
+            invoice, line = new_draft_invoice(sub, *bounds[sub.id], now)
+            quote = tax_quote(invoice)
+            if quote is None:
+                continue
+            created = invoice_data(invoice, lines=[line])
+            apply_tax(invoice, quote)
+            set_balance_applied(customer, invoice)
+            if needs_no_charge(invoice):
+                continue
+            record_balance_applied_locked(customer, invoice, at=now)
+            drafts.append((sub, customer, invoice, line, created))
+
+        prepared = []
+        numbers = _take_numbers(drafts)
+        invoices, lines, attempts = [], [], []
+        for (sub, customer, invoice, line, created), number in zip(drafts, numbers, strict=True):
+            mark_finalized(invoice, number=number, now=now)
+            for type_, data in (("invoice.created", created), ("invoice.finalized", invoice_data(invoice, [line]))):
+                emit_event(tenant_id=sub.tenant_id, livemode=sub.livemode, type=type_, data=data, created_at=now)
+            attempt = new_attempt(invoice, customer, number=1, now=wall_now)
+            invoices.append(invoice)
+            lines.append(line)
+            attempts.append(attempt)
+            prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), [line]))
+        copy_models(Invoice, invoices)
+        copy_models(InvoiceLineItem, lines)
+        copy_models(PaymentAttempt, attempts)
+    done = {p.item[0] for p in prepared}
+    return prepared, [item for item in items if item[0] not in done]
+
+
+def _lock_due(periods: dict[str, int], *, as_of: datetime | None, test_clock_id: str | None) -> list[Subscription]:
+    """Lock the subscriptions of ``periods`` still due for their claimed period, with their prices.
+
+    The predicate of :func:`billing.queries.lock_due_subscription`, for a page: same period index,
+    billable, same clock, due by ``as_of`` (the DB's now() when None), not waiting or parked.
+    ``SKIP LOCKED``: one another transaction holds is being closed elsewhere (the per-close path
+    then skips it). In id order.
+    """
+    due = Q(next_billing_at__lte=as_of) if as_of is not None else Q(next_billing_at__lte=Now())
+    subs = (
+        Subscription.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("price")
+        .filter(
+            due,
+            Q(next_billing_attempt_at__isnull=True) | Q(next_billing_attempt_at__lte=Now()),
+            pk__in=sorted(periods),
+            status__in=Subscription.BILLABLE_STATUSES,
+            test_clock_id=test_clock_id,
+            billing_parked_at__isnull=True,
+        )
+        .order_by("id")
+    )
+    return [sub for sub in subs if sub.periods_billed == periods[sub.id]]
+
+
+def _periods_invoiced(bounds: dict[str, tuple[datetime, datetime]]) -> set[tuple[str, datetime]]:
+    """Which ``(subscription id, period start)`` already have an invoice that is not void (left by an earlier
+    close): those closes take the per-close path, which takes the invoice over."""
+    if not bounds:
+        return set()
+    return set(
+        Invoice.objects.filter(subscription_id__in=list(bounds), period_start__in={b[0] for b in bounds.values()})
+        .exclude(status=Invoice.VOID)
+        .values_list("subscription_id", "period_start")
+    )
+
+
+def _take_numbers(drafts: list[tuple]) -> list[int]:
+    """The next gapless invoice numbers for ``drafts`` (in order), one counter update per (tenant, mode).
+
+    Same counter rows and lock as :func:`billing.queries.next_invoice_number` (taken in key order, so
+    two page closes never wait on each other's counters crosswise); a rolled-back page gives its
+    numbers back.
+    """
+    wanted: dict[tuple[str, bool], int] = defaultdict(int)
+    for sub, *_ in drafts:
+        wanted[(sub.tenant_id, sub.livemode)] += 1
+    last: dict[tuple[str, bool], int] = {}
+    with connection.cursor() as cursor:
+        for (tenant_id, livemode), count in sorted(wanted.items()):
+            cursor.execute(
+                """
+                INSERT INTO billing_invoicecounter (tenant_id, livemode, last_number) VALUES (%s, %s, %s)
+                ON CONFLICT (tenant_id, livemode) DO UPDATE
+                    SET last_number = billing_invoicecounter.last_number + EXCLUDED.last_number
+                RETURNING last_number
+                """,
+                [tenant_id, livemode, count],
+            )
+            last[(tenant_id, livemode)] = cursor.fetchone()[0] - count
+    numbers = []
+    for sub, *_ in drafts:
+        key = (sub.tenant_id, sub.livemode)
+        last[key] += 1
+        numbers.append(last[key])
+    return numbers
+
+
+def record_page(
+    charged: list[tuple[PreparedClose, gw.ChargeResult]],
+    *,
+    run: BillingRun | None,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+) -> tuple[dict[str, Outcome], list[tuple[PreparedClose, gw.ChargeResult]]]:
+    """Step 3 for the successful first charges of a page's plain closes, in one transaction; ``(outcomes, others)``.
+
+    ``outcomes`` maps each recorded subscription id to its ``billed`` :class:`Outcome` (its billing
+    attempt row is written when ``run`` is given); ``others`` are the results left for the per-close
+    :func:`billing.services.payments.record_outcome`: charges that did not succeed, and any whose
+    rows changed since step 1 (a racing same-key re-send recorded it, the period moved). Calls
+    ``hooks.during_record`` for each inside the transaction, after the writes. Raises the
+    database's error (nothing written) and :class:`~leases.fencing.LeaseLost`.
+    """
+    succeeded = [(p, r) for p, r in charged if r.outcome == gw.SUCCEEDED]
+    others = [(p, r) for p, r in charged if r.outcome != gw.SUCCEEDED]
+    if not succeeded:
+        return {}, others
+    outcomes: dict[str, Outcome] = {}
+    with transaction.atomic(), outbox_services.deferred_events():
+        fence.check()
+        subs = _locked(
+            Subscription.objects.select_related("price"), [p.plan.subscription_id for p, _ in succeeded], of=("self",)
+        )
+        invoices = _locked(Invoice.objects, [p.plan.invoice_id for p, _ in succeeded])
+        attempts = _locked(PaymentAttempt.objects, [p.plan.attempt_id for p, _ in succeeded])
+        customers = _locked(Customer.objects, [invoice.customer_id for invoice in invoices.values()])
+        now = billing_time(test_clock_id, as_of)
+        completed_at = now if test_clock_id is None and as_of is None else database_now()
+        changed_customers: dict[str, Customer] = {}
+        recorded, changed_subs, rows = [], [], []
+        for prepared, result in succeeded:
+            plan = prepared.plan
+            sub, invoice = subs.get(plan.subscription_id), invoices.get(plan.invoice_id)
+            attempt = attempts.get(plan.attempt_id)
+            if not (
+                sub is not None
+                and invoice is not None
+                and attempt is not None
+                and attempt.outcome == PaymentAttempt.UNKNOWN
+                and invoice.status == Invoice.OPEN
+                and invoice.attempt_count == 0
+                and sub.status in PLAIN_STATUSES
+                and is_current_period(sub, invoice)
+            ):
+                others.append((prepared, result))
+                continue
+            customer = customers[invoice.customer_id]
+            if note_gateway_ids(customer, attempt, result):
+                changed_customers[customer.id] = customer
+            apply_result(attempt, result, completed_at=completed_at)
+            if result.payment_intent_id and not invoice.payment_intent_id:
+                invoice.payment_intent_id = result.payment_intent_id
+            mark_paid(invoice, now=now)
+            emit_event(
+                tenant_id=invoice.tenant_id,
+                livemode=invoice.livemode,
+                type="invoice.paid",
+                data=invoice_data(invoice, lines=prepared.lines),
+                created_at=now,
+            )
+            if paid_changes(sub, invoice, other_open_invoices=False):
+                changed_subs.append(sub)
+                emit_event(
+                    tenant_id=sub.tenant_id,
+                    livemode=sub.livemode,
+                    type="subscription.updated",
+                    data=subscription_data(sub),
+                    created_at=now,
+                )
+            outcome = outcomes[sub.id] = Outcome("billed", invoice.id)
+            if run is not None:
+                rows.append(
+                    BillingAttempt(
+                        run=run,
+                        subscription_id=sub.id,
+                        invoice_id=invoice.id,
+                        outcome=BillingAttempt.BILLED,
+                        created_at=now,
+                    )
+                )
+            recorded.append((invoice, attempt, outcome))
+        update_models(Customer, list(changed_customers.values()), ["gateway_customer_id", "gateway_payment_method"])
+        update_models(PaymentAttempt, [attempt for _, attempt, _ in recorded], ATTEMPT_RESULT_FIELDS)
+        update_models(Invoice, [invoice for invoice, _, _ in recorded], [*PAID_FIELDS, "payment_intent_id"])
+        update_models(Subscription, changed_subs, SUBSCRIPTION_PAID_FIELDS)
+        copy_models(BillingAttempt, rows)
+        if hooks.during_record:
+            for invoice, attempt, outcome in recorded:
+                hooks.during_record(invoice, attempt, outcome)
+    return outcomes, others
+
+
+def _locked(queryset, ids: list[str], of: tuple[str, ...] = ()) -> dict:
+    """``SELECT … FOR UPDATE [OF …]`` the rows of ``ids`` in id order (one lock order for every page close); by id."""
+    rows = queryset.select_for_update(of=of).filter(pk__in=sorted(set(ids))).order_by("pk")
+    return {row.pk: row for row in rows}
