@@ -377,6 +377,7 @@ class Figure:
     failed: int
     seconds: float
     cpu_seconds: float  # user + system time of this process (every thread) during the run
+    server_cpu_seconds: float  # CPU time of the PostgreSQL server during the run (NaN: not a local server)
 
     @property
     def rate(self) -> float:
@@ -403,9 +404,11 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
         _install_gateway(StubGateway(latency_ms / 1000 if mode == "c" else 0.0))
     profiler = Profiler(profile_path) if profile_path else None
     try:
-        started, cpu_started = time.perf_counter(), _cpu_seconds()
+        server = ServerCpu()
+        started, cpu_started, server_started = time.perf_counter(), _cpu_seconds(), server.seconds()
         run = drain_due(livemode=False, trigger="manual", page_size=100, concurrency=concurrency)
         elapsed, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
+        server_cpu = server.seconds() - server_started
     finally:
         if profiler:
             profiler.stop()
@@ -415,12 +418,52 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
     if profiler:
         print("\n".join(profiler.report()), flush=True)
     label = MODE_NAMES[mode].format(latency=f"{latency_ms:.0f}")
-    return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed, cpu)
+    return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed, cpu, server_cpu)
 
 
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+class ServerCpu:
+    """CPU seconds used by the PostgreSQL server (postmaster, its live backends, and those it reaped).
+
+    Read from ``/proc``, so only for a server on this machine (the embedded one, or a local
+    ``DATABASE_URL``); ``seconds()`` is NaN otherwise.
+    """
+
+    def __init__(self):
+        import psycopg
+
+        try:
+            with psycopg.connect(**_conninfo("postgres")) as conn:
+                backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            self.postmaster = int(_proc_stat(backend)[3])
+        except (OSError, IndexError, ValueError, psycopg.Error):
+            self.postmaster = None
+
+    def seconds(self) -> float:
+        if self.postmaster is None:
+            return float("nan")
+        tick = os.sysconf("SC_CLK_TCK")
+        try:
+            fields = _proc_stat(self.postmaster)
+            ticks = sum(int(v) for v in fields[13:17])  # its own utime, stime and its reaped children's
+        except OSError:
+            return float("nan")
+        for child in Path(f"/proc/{self.postmaster}/task/{self.postmaster}/children").read_text().split():
+            try:
+                ticks += sum(int(v) for v in _proc_stat(int(child))[13:15])
+            except (OSError, IndexError):
+                continue  # exited between the two reads: counted in the postmaster's next reading
+        return ticks / tick
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """Fields of ``/proc/PID/stat`` (0-based, as in proc(5) minus one), the command name removed."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return [str(pid), "comm"] + text.rsplit(")", 1)[1].split()
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
@@ -492,13 +535,14 @@ def main() -> None:
 
     print()
     print(
-        f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8} {'CPU ms':>7}"
+        f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8} {'CPU ms':>7} {'PG ms':>6}"
     )
     for figure in figures:
         print(
             f"{figure.label:<38} {figure.concurrency:>4} {figure.closes:>6} {figure.seconds:>8.1f} "
             f"{figure.rate:>8.1f} {figure.rate / limit:>8.3f} {figure.rate / limits[1]:>8.3f} "
-            f"{1000 * figure.cpu_seconds / max(1, figure.closes):>7.1f}"
+            f"{1000 * figure.cpu_seconds / max(1, figure.closes):>7.1f} "
+            f"{1000 * figure.server_cpu_seconds / max(1, figure.closes):>6.1f}"
         )
     print(f"{'SQL limit, 1 connection':<38} {'':>4} {'':>6} {'':>8} {limits[1]:>8.1f} {limits[1] / limit:>8.3f}")
     print(f"{'SQL limit, 4 connections':<38} {'':>4} {'':>6} {'':>8} {limit:>8.1f} {1.0:>8.3f}")
@@ -518,7 +562,8 @@ def _line(figure: Figure, limit: float) -> str:
     return (
         f"  {figure.label} at concurrency {figure.concurrency}: {figure.closes} closes ({figure.billed} billed, "
         f"{figure.failed} failed) in {figure.seconds:7.1f} s = {figure.rate:7.1f}/s = {figure.rate / limit:.3f} x the "
-        f"4-connection SQL limit; {1000 * figure.cpu_seconds / max(1, figure.closes):.1f} ms CPU per close here"
+        f"4-connection SQL limit; CPU per close: {1000 * figure.cpu_seconds / max(1, figure.closes):.1f} ms here, "
+        f"{1000 * figure.server_cpu_seconds / max(1, figure.closes):.1f} ms in PostgreSQL"
     )
 
 

@@ -187,6 +187,9 @@ HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
 HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)
 HARDCOUNT_BILLING_PAGE_SIZE = _env_int("HARDCOUNT_BILLING_PAGE_SIZE", 100)
 HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
+# The drain's page close (billing.services.page): a page's plain closes share their two transactions.
+# 0 closes every subscription on its own (the reference path; docs/decisions/0016).
+HARDCOUNT_BILLING_PAGE_CLOSE = os.environ.get("HARDCOUNT_BILLING_PAGE_CLOSE", "1") != "0"
 HARDCOUNT_TAX_PROVIDER = os.environ.get("HARDCOUNT_TAX_PROVIDER", "billing.tax.TableRateTaxProvider")
 
 # Test clocks: parallel closes of one clock's drain (docs/decisions/0080). Read by
