@@ -22,6 +22,7 @@ the whole sweep takes seconds on hundreds of thousands of rows (see ``bench/doct
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,28 @@ def _minimum_charge(alias: str) -> str:
 # The id of the object an event describes: event data is the object's representation
 # (billing/representations.py), possibly wrapped as {"object": {...}} like Stripe's.
 _EVENT_OBJECT_ID = "coalesce(e.data -> 'object' ->> 'id', e.data ->> 'id')"
+
+
+def _events_missing(types: tuple[str, ...], needed: str) -> str:
+    """SQL for the rows ``(ref, detail)`` of objects that lack an event they must have.
+
+    ``needed`` selects ``(id, tenant_id, livemode, type)``: an object and the type of an event it
+    must have. An event of that type, of the same tenant and mode, describing the object
+    (:data:`_EVENT_OBJECT_ID`) meets the need. ``types`` lists every type ``needed`` names: only
+    events of those types are read.
+    """
+    type_list = ", ".join(f"'{t}'" for t in types)
+    return f"""
+        WITH needed AS ({needed}), seen AS (
+            SELECT DISTINCT {_EVENT_OBJECT_ID} AS id, e.type, e.tenant_id, e.livemode FROM outbox_event e
+            WHERE e.type IN ({type_list})
+        )
+        SELECT n.id AS ref, 'no ' || n.type || ' event' AS detail
+        FROM needed n
+        LEFT JOIN seen s ON s.id = n.id AND s.type = n.type AND s.tenant_id = n.tenant_id AND s.livemode = n.livemode
+        WHERE s.id IS NULL
+        """
+
 
 # The step of one billing period, multiplied by n, for a subscription joined as s with its price p.
 # PostgreSQL adds months and years to the original timestamp and clamps to the month's last
@@ -801,8 +824,15 @@ CHECKS: tuple[Check, ...] = (
         "Every invoice state reached has its event: finalised ⇒ invoice.finalized, paid ⇒ invoice.paid, void ⇒ "
         "invoice.voided, uncollectible ⇒ invoice.marked_uncollectible; a declined attempt ⇒ "
         "invoice.payment_failed.",
-        f"""
-        WITH needed AS (
+        _events_missing(
+            (
+                "invoice.finalized",
+                "invoice.paid",
+                "invoice.voided",
+                "invoice.marked_uncollectible",
+                "invoice.payment_failed",
+            ),
+            """
             SELECT id, tenant_id, livemode, 'invoice.finalized' AS type FROM billing_invoice
             WHERE finalized_at IS NOT NULL
             UNION ALL
@@ -815,38 +845,24 @@ CHECKS: tuple[Check, ...] = (
             UNION ALL
             SELECT DISTINCT invoice_id, tenant_id, livemode, 'invoice.payment_failed' FROM billing_paymentattempt
             WHERE outcome = 'declined'
-        ), seen AS (
-            SELECT DISTINCT {_EVENT_OBJECT_ID} AS id, e.type, e.tenant_id, e.livemode FROM outbox_event e
-            WHERE e.type IN ('invoice.finalized', 'invoice.paid', 'invoice.voided', 'invoice.marked_uncollectible',
-                             'invoice.payment_failed')
-        )
-        SELECT n.id AS ref, 'no ' || n.type || ' event' AS detail
-        FROM needed n
-        LEFT JOIN seen s ON s.id = n.id AND s.type = n.type AND s.tenant_id = n.tenant_id AND s.livemode = n.livemode
-        WHERE s.id IS NULL
-        """,
+            """,
+        ),
     ),
     Check(
         "object_has_created_event",
         "Every customer has its customer.created event and every subscription its subscription.created event; a "
         "parked subscription has its subscription.billing_parked event.",
-        f"""
-        WITH needed AS (
+        _events_missing(
+            ("customer.created", "subscription.created", "subscription.billing_parked"),
+            """
             SELECT id, tenant_id, livemode, 'customer.created' AS type FROM billing_customer
             UNION ALL
             SELECT id, tenant_id, livemode, 'subscription.created' FROM billing_subscription
             UNION ALL
             SELECT id, tenant_id, livemode, 'subscription.billing_parked' FROM billing_subscription
             WHERE billing_parked_at IS NOT NULL
-        ), seen AS (
-            SELECT DISTINCT {_EVENT_OBJECT_ID} AS id, e.type, e.tenant_id, e.livemode FROM outbox_event e
-            WHERE e.type IN ('customer.created', 'subscription.created', 'subscription.billing_parked')
-        )
-        SELECT n.id AS ref, 'no ' || n.type || ' event' AS detail
-        FROM needed n
-        LEFT JOIN seen s ON s.id = n.id AND s.type = n.type AND s.tenant_id = n.tenant_id AND s.livemode = n.livemode
-        WHERE s.id IS NULL
-        """,
+            """,
+        ),
     ),
     Check(
         "event_has_its_change",
@@ -1046,6 +1062,19 @@ def _open_read_only(cursor, *, outermost: bool, statement_timeout_s: float) -> N
     cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{int(statement_timeout_s * 1000)}ms"])
 
 
+@contextmanager
+def _read_only_cursor(using: str, *, statement_timeout_s: float):
+    """A cursor in a ``READ ONLY`` transaction (``REPEATABLE READ`` when not nested in the caller's)
+    that is always rolled back: the doctor never writes, whatever its SQL says."""
+    connection = connections[using]
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            _open_read_only(cursor, outermost=outermost, statement_timeout_s=statement_timeout_s)
+            yield cursor
+        transaction.set_rollback(True, using=using)
+
+
 def run_checks(
     *,
     using: str = "default",
@@ -1077,28 +1106,24 @@ def run_checks(
     if unknown_after_s is None:
         unknown_after_s = default_unknown_after_s()
     connection = connections[using]
-    outermost = not connection.in_atomic_block
-    if outermost:
+    if not connection.in_atomic_block:
         # Let Django's connection health check run now, in autocommit, rather than as the
         # first statement of the read-only transaction.
         connection.ensure_connection()
         with connection.cursor():
             pass
     results: list[CheckResult] = []
-    with transaction.atomic(using=using):
-        with connection.cursor() as cursor:
-            _open_read_only(cursor, outermost=outermost, statement_timeout_s=statement_timeout_s)
-            cursor.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint")
-            now_ms = cursor.fetchone()[0]
-            params = {
-                "reaper_interval_s": float(reaper_interval_s),
-                "unknown_after_s": float(unknown_after_s),
-                "retention_prefix": _time_prefix(now_ms - int(retention_days * 86_400_000)),
-                "max_examples": int(max_examples),
-            }
-            for check in selected:
-                results.append(_run_one(connection, cursor, check, params))
-        transaction.set_rollback(True, using=using)
+    with _read_only_cursor(using, statement_timeout_s=statement_timeout_s) as cursor:
+        cursor.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint")
+        now_ms = cursor.fetchone()[0]
+        params = {
+            "reaper_interval_s": float(reaper_interval_s),
+            "unknown_after_s": float(unknown_after_s),
+            "retention_prefix": _time_prefix(now_ms - int(retention_days * 86_400_000)),
+            "max_examples": int(max_examples),
+        }
+        for check in selected:
+            results.append(_run_one(connection, cursor, check, params))
     return results
 
 
@@ -1249,15 +1274,9 @@ def check_gateway(
 
 
 def _read_only_rows(using: str, sql: str, params) -> list[tuple]:
-    connection = connections[using]
-    outermost = not connection.in_atomic_block
-    with transaction.atomic(using=using):
-        with connection.cursor() as cursor:
-            _open_read_only(cursor, outermost=outermost, statement_timeout_s=120.0)
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-        transaction.set_rollback(True, using=using)
-    return rows
+    with _read_only_cursor(using, statement_timeout_s=120.0) as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def _read_gateway_rows(using: str, limit: int | None) -> list[tuple]:

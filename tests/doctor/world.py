@@ -47,6 +47,24 @@ def id_at(kind: str, at: datetime) -> str:
     return f"{PREFIXES[kind]}_{_encode((ms << 80) | secrets.randbits(80), 26)}"
 
 
+def endpoint(
+    tenant: Tenant, livemode: bool, url: str, enabled_events: list[str], secret: str, *, at: datetime, **fields
+) -> str:
+    """Create a webhook endpoint of ``tenant`` whose id is dated ``at`` (:func:`id_at`); returns the id.
+
+    ``fields`` sets any other column (``enabled=False``, ``disabled_reason=…``).
+    """
+    return WebhookEndpoint.objects.create(
+        id=id_at("webhook_endpoint", at),
+        tenant=tenant,
+        livemode=livemode,
+        url=url,
+        enabled_events=enabled_events,
+        secret=secret,
+        **fields,
+    ).id
+
+
 class Book:
     """Writes rows of one (tenant, mode) with their events, as the services would."""
 
@@ -216,40 +234,23 @@ def build_world() -> SimpleNamespace:
         w.acme, w.globex = acme.id, globex.id
         # Endpoints exist a day before any event (ids dated, so fan-out is required for them).
         day_ago = now - timedelta(days=1)
-        w.endpoint_all = WebhookEndpoint.objects.create(
-            id=id_at("webhook_endpoint", day_ago),
-            tenant=acme,
-            livemode=False,
-            url="https://acme.example/hooks",
-            enabled_events=["*"],
-            secret="whsec_a",
-        ).id
-        w.endpoint_invoices = WebhookEndpoint.objects.create(
-            id=id_at("webhook_endpoint", day_ago),
-            tenant=acme,
-            livemode=False,
-            url="https://acme.example/invoices",
-            enabled_events=["invoice.*"],
-            secret="whsec_b",
-        ).id
-        w.endpoint_disabled = WebhookEndpoint.objects.create(
-            id=id_at("webhook_endpoint", day_ago),
-            tenant=acme,
-            livemode=False,
-            url="https://acme.example/gone",
-            enabled_events=["*"],
-            secret="whsec_c",
+        w.endpoint_all = endpoint(acme, False, "https://acme.example/hooks", ["*"], "whsec_a", at=day_ago)
+        w.endpoint_invoices = endpoint(
+            acme, False, "https://acme.example/invoices", ["invoice.*"], "whsec_b", at=day_ago
+        )
+        w.endpoint_disabled = endpoint(
+            acme,
+            False,
+            "https://acme.example/gone",
+            ["*"],
+            "whsec_c",
+            at=day_ago,
             enabled=False,
             disabled_reason="410 Gone",
-        ).id
-        w.endpoint_live = WebhookEndpoint.objects.create(
-            id=id_at("webhook_endpoint", day_ago),
-            tenant=globex,
-            livemode=True,
-            url="https://globex.example/hooks",
-            enabled_events=["invoice.paid"],
-            secret="whsec_d",
-        ).id
+        )
+        w.endpoint_live = endpoint(
+            globex, True, "https://globex.example/hooks", ["invoice.paid"], "whsec_d", at=day_ago
+        )
 
         book = Book(acme, False, "ACME")
         jan31 = datetime(2026, 1, 31, 10, 0, tzinfo=UTC)
