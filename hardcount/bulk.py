@@ -1,9 +1,14 @@
-"""Writing many model rows at once with PostgreSQL's ``COPY … FROM STDIN``.
+"""Writing many model rows at once: ``COPY … FROM STDIN``, and one ``INSERT``/``UPDATE`` over ``unnest`` arrays.
 
 ``Model.objects.bulk_create`` builds one ``INSERT`` with a parameter per value; for the demo
 book's hundreds of thousands of rows most of its time goes to assembling and converting that
-statement. ``COPY`` streams the same rows in a fraction of the time. No ``RETURNING``: the
-instances must carry their primary keys already (Hardcount's prefixed ids are made in Python).
+statement. ``COPY`` streams the same rows in a fraction of the time (:func:`copy_models`), but
+the statement stays open while the client streams: a process stopped mid-``COPY`` holds its locks
+until someone kills it, since PostgreSQL's ``idle_in_transaction_session_timeout`` does not apply
+to a running statement. Inside a fenced transaction (decision 0020), where a stopped leader must
+not hold the lease row, rows go in one statement sent whole: :func:`insert_models` and
+:func:`update_models` send one typed array per column. No ``RETURNING``: the instances must carry
+their primary keys already (Hardcount's prefixed ids are made in Python).
 """
 
 from __future__ import annotations
@@ -37,6 +42,33 @@ def copy_models(model: type[models.Model], objs: Iterable[models.Model]) -> int:
             copy.write_row(row)
             count += 1
     return count
+
+
+def insert_models(model: type[models.Model], objs: list[models.Model]) -> int:
+    """INSERT ``objs`` (instances of ``model``, primary keys set) in one ``INSERT … SELECT … FROM unnest(…)``.
+
+    The same values as :func:`copy_models` (``pre_save`` as for an insert; JSON as ``jsonb``;
+    ``db_default`` columns left to the database), sent as one typed array per column in one
+    statement. Runs inside the caller's transaction; raises the database's error (a constraint
+    violation inserts nothing). Returns the row count.
+    """
+    if not objs:
+        return 0
+    fields = [f for f in model._meta.concrete_fields if f.db_default is models.NOT_PROVIDED]
+    arrays = []
+    for f in fields:
+        if isinstance(f, models.JSONField):
+            arrays.append([Jsonb(f.pre_save(obj, True)) for obj in objs])
+        else:
+            arrays.append([f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs])
+    statement = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({})").format(
+        sql.Identifier(model._meta.db_table),
+        sql.SQL(", ").join(sql.Identifier(f.column) for f in fields),
+        sql.SQL(", ").join(sql.SQL("%s::{}[]").format(sql.SQL(f.db_type(connection))) for f in fields),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement.as_string(connection.connection), arrays)
+        return cursor.rowcount
 
 
 def update_models(model: type[models.Model], objs: list[models.Model], field_names: Iterable[str]) -> int:

@@ -114,18 +114,22 @@ def deferred_events():
         batch = _deferred.batch
     finally:
         _deferred.batch = None
-    _write_events(batch)
+    # One statement however many events (a page close emits hundreds): never COPY in a fenced
+    # transaction, where a stopped process mid-COPY would hold the lease row past the idle timeout.
+    _write_events(batch, copy_from=None)
 
 
-def _write_events(events: list[Event], *, copy_from: int = 100) -> None:
+def _write_events(events: list[Event], *, copy_from: int | None = 100) -> None:
     """Insert ``events`` (in order) and a delivery per enabled, subscribed endpoint.
 
-    One statement for a transaction's few events (:data:`outbox.queries.INSERT_EVENTS_WITH_DELIVERIES`);
-    ``COPY`` from ``copy_from`` events on (a seeded book).
+    One statement (:data:`outbox.queries.INSERT_EVENTS_WITH_DELIVERIES`) below ``copy_from``
+    events, or always when it is None; ``COPY`` from ``copy_from`` events on (a seeded book: a
+    COPY keeps its statement open while the client streams rows, which only writers outside a
+    fenced transaction may do — the server's idle-transaction bound does not end it).
     """
     if not events:
         return
-    if len(events) < copy_from:
+    if copy_from is None or len(events) < copy_from:
         with connection.cursor() as cursor:
             cursor.execute(
                 queries.INSERT_EVENTS_WITH_DELIVERIES,

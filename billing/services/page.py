@@ -61,7 +61,7 @@ from billing.services.payments import (
     paid_changes,
     plan_for,
 )
-from hardcount.bulk import copy_models, update_models
+from hardcount.bulk import insert_models, update_models
 from leases.fencing import Fence
 from outbox import services as outbox_services
 from outbox.services import emit_event
@@ -156,9 +156,9 @@ def prepare_page(
             lines.append(line)
             attempts.append(attempt)
             prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), [line]))
-        copy_models(Invoice, invoices)
-        copy_models(InvoiceLineItem, lines)
-        copy_models(PaymentAttempt, attempts)
+        insert_models(Invoice, invoices)
+        insert_models(InvoiceLineItem, lines)
+        insert_models(PaymentAttempt, attempts)
     done = {p.item[0] for p in prepared}
     return prepared, [item for item in items if item[0] not in done]
 
@@ -320,7 +320,7 @@ def record_page(
         update_models(PaymentAttempt, [attempt for _, attempt, _ in recorded], ATTEMPT_RESULT_FIELDS)
         update_models(Invoice, [invoice for invoice, _, _ in recorded], [*PAID_FIELDS, "payment_intent_id"])
         update_models(Subscription, changed_subs, SUBSCRIPTION_PAID_FIELDS)
-        copy_models(BillingAttempt, rows)
+        insert_models(BillingAttempt, rows)
         if hooks.during_record:
             for invoice, attempt, outcome in recorded:
                 hooks.during_record(invoice, attempt, outcome)

@@ -285,14 +285,14 @@ def test_statements_per_close(book, tenant, settings, page_close):
 def test_a_page_step_that_fails_hands_its_closes_to_the_per_close_path(book, tenant, settings, monkeypatch, step):
     subs = _plain_book(book, tenant, 12)
     settings.HARDCOUNT_BILLING_PAGE_CLOSE = True
-    real = page_module.copy_models if step == "prepare" else page_module.update_models
+    real = page_module.insert_models if step == "prepare" else page_module.update_models
 
     def fail_once(model, *args, **kw):
         if model in (Invoice, PaymentAttempt):
             raise OperationalError("injected: the page step loses its connection")
         return real(model, *args, **kw)
 
-    monkeypatch.setattr(page_module, "copy_models" if step == "prepare" else "update_models", fail_once)
+    monkeypatch.setattr(page_module, "insert_models" if step == "prepare" else "update_models", fail_once)
     run = _drain(tenant, concurrency=3)
 
     assert (run.attempted, run.billed, run.failed) == (12, 12, 0)
