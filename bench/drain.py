@@ -463,7 +463,7 @@ class ServerCpu:
 def _proc_stat(pid: int) -> list[str]:
     """Fields of ``/proc/PID/stat`` (0-based, as in proc(5) minus one), the command name removed."""
     text = Path(f"/proc/{pid}/stat").read_text()
-    return [str(pid), "comm"] + text.rsplit(")", 1)[1].split()
+    return [str(pid), "comm", *text.rsplit(")", 1)[1].split()]
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
@@ -535,7 +535,8 @@ def main() -> None:
 
     print()
     print(
-        f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8} {'CPU ms':>7} {'PG ms':>6}"
+        f"{'run':<38} {'conc':>4} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x SQL-4':>8} {'x SQL-1':>8} "
+        f"{'CPU ms':>7} {'PG ms':>6}"
     )
     for figure in figures:
         print(
