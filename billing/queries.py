@@ -158,20 +158,22 @@ def materialise_invoice(row: dict[str, object]) -> bool:
         return cursor.fetchone() is not None
 
 
-def next_invoice_number(tenant_id: str, livemode: bool) -> int:
-    """NEXT_INVOICE_NUMBER: the next number of (tenant, mode), under the counter row's lock.
+def next_invoice_number(tenant_id: str, livemode: bool, count: int = 1) -> int:
+    """NEXT_INVOICE_NUMBER: take the next ``count`` numbers of (tenant, mode); returns the last of them.
 
-    The upsert locks the counter row until the caller's transaction ends, so numbers are
-    assigned in commit order and a rolled-back transaction gives its number back: gapless.
-    Call it last in a transaction to keep the lock short.
+    The numbers taken are ``last - count + 1 … last``. The upsert locks the counter row until the
+    caller's transaction ends, so numbers are assigned in commit order and a rolled-back
+    transaction gives its numbers back: gapless. Call it last in a transaction to keep the lock
+    short.
     """
     sql = """
-        INSERT INTO billing_invoicecounter (tenant_id, livemode, last_number) VALUES (%s, %s, 1)
-        ON CONFLICT (tenant_id, livemode) DO UPDATE SET last_number = billing_invoicecounter.last_number + 1
+        INSERT INTO billing_invoicecounter (tenant_id, livemode, last_number) VALUES (%s, %s, %s)
+        ON CONFLICT (tenant_id, livemode) DO UPDATE
+            SET last_number = billing_invoicecounter.last_number + EXCLUDED.last_number
         RETURNING last_number
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tenant_id, livemode])
+        cursor.execute(sql, [tenant_id, livemode, count])
         return cursor.fetchone()[0]
 
 

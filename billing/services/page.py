@@ -35,14 +35,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from billing import gateway as gw
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
-from billing.queries import database_now
+from billing.queries import database_now, next_invoice_number
 from billing.representations import invoice_data, subscription_data
 from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
 from billing.services.ledger import record_balance_applied_locked, set_balance_applied
@@ -203,26 +203,14 @@ def _periods_invoiced(bounds: dict[str, tuple[datetime, datetime]]) -> set[tuple
 def _take_numbers(drafts: list[tuple]) -> list[int]:
     """The next gapless invoice numbers for ``drafts`` (in order), one counter update per (tenant, mode).
 
-    Same counter rows and lock as :func:`billing.queries.next_invoice_number` (taken in key order, so
-    two page closes never wait on each other's counters crosswise); a rolled-back page gives its
+    The counters of :func:`billing.queries.next_invoice_number`, taken in key order (so two page
+    closes never wait on each other's counters crosswise); a rolled-back page gives its
     numbers back.
     """
     wanted: dict[tuple[str, bool], int] = defaultdict(int)
     for sub, *_ in drafts:
         wanted[(sub.tenant_id, sub.livemode)] += 1
-    last: dict[tuple[str, bool], int] = {}
-    with connection.cursor() as cursor:
-        for (tenant_id, livemode), count in sorted(wanted.items()):
-            cursor.execute(
-                """
-                INSERT INTO billing_invoicecounter (tenant_id, livemode, last_number) VALUES (%s, %s, %s)
-                ON CONFLICT (tenant_id, livemode) DO UPDATE
-                    SET last_number = billing_invoicecounter.last_number + EXCLUDED.last_number
-                RETURNING last_number
-                """,
-                [tenant_id, livemode, count],
-            )
-            last[(tenant_id, livemode)] = cursor.fetchone()[0] - count
+    last = {key: next_invoice_number(*key, count=count) - count for key, count in sorted(wanted.items())}
     numbers = []
     for sub, *_ in drafts:
         key = (sub.tenant_id, sub.livemode)
