@@ -215,10 +215,3 @@ def record_billing_failure(
             },
         )
         return cursor.fetchone()
-
-
-def database_now() -> datetime:
-    """DB_NOW: PostgreSQL's ``now()`` (the current transaction's start; outside one, this statement's)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]

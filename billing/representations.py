@@ -6,15 +6,9 @@ Times are ISO 8601 UTC with ``Z``; money is integer minor units beside its curre
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
-
-def iso(value: datetime | None) -> str | None:
-    """``2027-01-31T09:30:00Z`` for an aware datetime (converted to UTC), None for None."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+from hardcount.times import iso
 
 
 def customer_data(c) -> dict[str, Any]:

@@ -37,9 +37,9 @@ from datetime import UTC, datetime, timedelta
 from django.db import transaction
 
 from billing.models import Customer, LedgerEntry, Price, Subscription
-from billing.queries import database_now
 from billing.representations import customer_data, ledger_entry_data, price_data, subscription_data
 from hardcount.bulk import copy_models
+from hardcount.times import database_now
 from outbox import services as outbox_services
 
 # Stripe test PaymentMethods (https://docs.stripe.com/testing): a card that charges, and one that

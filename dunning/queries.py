@@ -48,10 +48,3 @@ def claim_due_runs(
             },
         )
         return [row[0] for row in cursor.fetchall()]
-
-
-def database_now() -> datetime:
-    """DB_NOW: PostgreSQL's ``now()``, the one clock every due-time decision uses (SPEC §3)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]

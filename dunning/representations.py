@@ -1,21 +1,14 @@
 """The public JSON shape of dunning objects, shared by API responses and event data.
 
-Times are ISO 8601 UTC with ``Z`` (:func:`billing.representations.iso`'s format).
+Times are ISO 8601 UTC with ``Z`` (:func:`hardcount.times.iso`).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from dunning.schedule import last_retry_at, next_retry_at, retries_left
-
-
-def iso(value: datetime | None) -> str | None:
-    """``2027-01-31T09:30:00Z`` for an aware datetime (converted to UTC), None for None."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+from hardcount.times import iso
 
 
 def dunning_run_data(run) -> dict[str, Any]:

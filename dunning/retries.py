@@ -39,7 +39,8 @@ from dunning import queries
 from dunning.models import DunningRun
 from dunning.schedule import retry_at
 from dunning.services import emit_run_event, end_run_locked, get_settings
-from leases.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.times import database_now
 
 log = logging.getLogger("dunning.retries")
 
@@ -146,7 +147,7 @@ def _claim_page(
 ) -> list[Claim]:
     with transaction.atomic():
         fence.check()
-        now = as_of or queries.database_now()
+        now = as_of or database_now()
         ids = queries.claim_due_runs(
             livemode=livemode, as_of=now, test_clock_id=test_clock_id, exclude=exclude, limit=size
         )
@@ -300,7 +301,7 @@ def _lock_active(run_id: str) -> DunningRun | None:
 
 
 def _now(as_of: datetime | None) -> datetime:
-    return as_of or queries.database_now()
+    return as_of or database_now()
 
 
 __all__ = ["ERROR_RETRY_DELAY", "PAGE_SIZE", "Claim", "claim_window", "hooks", "process_due"]

@@ -29,7 +29,7 @@ from dunning.models import DEFAULT_RETRY_DAYS, DunningRun, DunningSettings
 from dunning.representations import dunning_run_data
 from dunning.schedule import last_retry_at, next_retry_at, retry_at
 from hardcount.errors import InvalidRequestError
-from leases.fencing import NO_FENCE, Fence
+from hardcount.fencing import NO_FENCE, Fence
 from outbox.services import emit_event
 
 # Decline codes that retrying the same card cannot cure: the card is gone, blocked or refused
@@ -301,7 +301,7 @@ def process_due(
     runs on a test clock are never touched; with ``test_clock_id``, only that clock's runs,
     due by ``as_of`` (None: the clock's ``frozen_time``). At most ``limit`` runs (None: all);
     ``on_page()`` runs after each page of up to 50 runs.
-    Every write is fenced by ``fence``; raises :class:`~leases.fencing.LeaseLost` at a safe
+    Every write is fenced by ``fence``; raises :class:`~hardcount.fencing.LeaseLost` at a safe
     point once the fence is no longer alive. See :func:`dunning.retries.process_due`.
     """
     # Loaded here, not at import: dunning.retries imports billing's services, which import this module.

@@ -18,8 +18,8 @@ from django.db import connection
 from django.db.models import Count, Q
 
 from billing.models import BillingAttempt, BillingRun, Invoice, Subscription
-from billing.queries import database_now
 from billing.seed import seed_demo_book
+from hardcount.times import database_now
 from outbox.models import Delivery
 
 DEFAULT_DEMO_SUBSCRIPTIONS = 2_000

@@ -30,8 +30,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from hardcount.errors import Conflict, InvalidParameters
+from hardcount.fencing import NO_FENCE, Fence
 from hardcount.models import IdempotencyRecord
-from leases.fencing import NO_FENCE, Fence
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
@@ -211,7 +211,7 @@ def prune_expired(
     transaction that first calls ``fence.check()``, repeated until a batch comes back short
     (nothing left, or only rows an API request holds locked right now). Between batches it
     stops early when ``fence.alive()`` is False and calls ``on_batch(deleted)`` (the role's
-    liveness stamp). Raises :class:`leases.fencing.LeaseLost` when the lease is gone (that
+    liveness stamp). Raises :class:`hardcount.fencing.LeaseLost` when the lease is gone (that
     batch rolls back; earlier ones stay, which is harmless: the work is idempotent), and
     ``ValueError`` for a batch size below 1.
     """

@@ -4,7 +4,7 @@ Every time is PostgreSQL's ``now()``: the database is the one clock authority fo
 a role and until when. Parameters are named (``%(role)s``, ``%(holder)s``, ``%(token)s``,
 ``%(ttl_s)s`` in seconds).
 
-Lock modes, which the fence depends on (see :mod:`leases.fencing`):
+Lock modes, which the fence depends on (see :mod:`hardcount.fencing`):
 
 - a fenced transaction holds the lease row ``FOR KEY SHARE`` until it ends (:data:`CHECK_FENCE`);
 - heartbeat, stamp and release are plain ``UPDATE``\\ s of non-key columns, which take

@@ -3,7 +3,7 @@
 The functions run one statement of :mod:`leases.queries` each on the calling thread's
 Django connection. :func:`try_acquire` is what the scheduler calls: it returns a
 :class:`LeaseFence` — the lease, held — which the role's code receives as its
-:class:`~leases.fencing.Fence`.
+:class:`~hardcount.fencing.Fence`.
 
 Timing (settings, seconds): ``HARDCOUNT_LEASE_TTL_S`` (10) is how long a lease lives
 without a heartbeat; ``HARDCOUNT_LEASE_HEARTBEAT_S`` (3) how often the holder extends it;
@@ -28,9 +28,9 @@ from datetime import datetime
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 
+from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
 from leases import queries
-from leases.fencing import LeaseLost
 
 logger = logging.getLogger("hardcount.leases")
 
@@ -162,7 +162,7 @@ def lease_statuses() -> list[LeaseStatus]:
 
 
 class LeaseFence:
-    """A lease this process holds: the real :class:`~leases.fencing.Fence`, plus its heartbeat.
+    """A lease this process holds: the real :class:`~hardcount.fencing.Fence`, plus its heartbeat.
 
     ``check()`` (inside a write transaction) raises :class:`LeaseLost` once the lease is
     lost or abandoned, and otherwise locks the lease row so the write commits only under

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from billing.representations import iso
+from hardcount.times import iso
 
 
 def event_body(

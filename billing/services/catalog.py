@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from billing.models import Customer, Price, Subscription, TestClock
 from billing.periods import INTERVALS, period_start
 from billing.representations import customer_data, price_data, subscription_data
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
+from hardcount.times import database_now
 from outbox.services import emit_event
 
 # Codes of the 422s this module raises for requests whose every field is well-formed on its own
@@ -41,13 +42,6 @@ MAX_INTERVAL_COUNT = {"day": 3 * 366, "week": 3 * 52, "month": 3 * 12, "year": 3
 MAX_TRIAL_DAYS = 730
 # How far in the past an explicit billing_cycle_anchor may lie (client clock skew, "start of today").
 ANCHOR_PAST_TOLERANCE = timedelta(hours=24)
-
-
-def database_now() -> datetime:
-    """PostgreSQL's ``now()`` (the current transaction's start time, UTC-aware)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 def billing_now(test_clock: TestClock | None) -> datetime:

@@ -36,12 +36,12 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Max
 
 from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
-from billing.queries import database_now
-from billing.representations import iso, test_clock_data
+from billing.representations import test_clock_data
 from billing.services.drain import drain_due
 from billing.services.payments import in_flight_window
 from dunning import services as dunning_services
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
+from hardcount.times import database_now, iso
 from outbox.services import emit_event
 
 log = logging.getLogger("billing.clocks")

@@ -26,7 +26,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from billing import gateway as gw
 from billing.models import BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
-from billing.queries import database_now, lock_due_subscription, materialise_invoice, next_invoice_number
+from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
 from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import apply_balance_locked, lock_customer
 from billing.services.payments import (
@@ -47,7 +47,8 @@ from billing.services.payments import (
     write_billing_attempt,
 )
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
-from leases.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.times import database_now
 from outbox import services as outbox_services
 from outbox.services import emit_event
 

@@ -24,7 +24,6 @@ from datetime import datetime
 from django.db import transaction
 
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import lock_customer
 from billing.services.payments import (
@@ -40,7 +39,8 @@ from billing.services.payments import (
     send,
     settle_without_charge_locked,
 )
-from leases.fencing import NO_FENCE, Fence
+from hardcount.fencing import NO_FENCE, Fence
+from hardcount.times import database_now
 from outbox.services import emit_event
 
 # What a collection call came to, besides a recorded payment outcome.
@@ -91,7 +91,7 @@ def retry_invoice_payment(
     (``SUBSCRIPTION_CANCELED``), or an attempt is in flight (``IN_FLIGHT``, an ``unknown`` attempt
     younger than the in-flight window; an older one is re-sent under its own key). Never raises
     for a gateway failure (that is an ``error`` or ``unknown`` outcome); raises
-    :class:`~leases.fencing.LeaseLost` when the fence refuses a write.
+    :class:`~hardcount.fencing.LeaseLost` when the fence refuses a write.
     """
     with transaction.atomic():
         fence.check()

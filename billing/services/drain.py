@@ -25,7 +25,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import F, Q
 
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
-from billing.queries import claim_due_page, database_now, still_due
+from billing.queries import claim_due_page, still_due
 from billing.representations import billing_run_data
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
 from billing.services.close import hooks as close_hooks
@@ -46,7 +46,8 @@ from billing.services.payments import (
     settle_without_charge_locked,
 )
 from hardcount.errors import NotFoundError, StateConflictError
-from leases.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.times import database_now
 from outbox.services import emit_event
 
 log = logging.getLogger("billing.drain")

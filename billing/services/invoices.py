@@ -14,7 +14,6 @@ from collections.abc import Callable
 from django.db import transaction
 
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import lock_customer, return_credit_locked
 from billing.services.payments import (
@@ -31,7 +30,8 @@ from billing.services.payments import (
 )
 from dunning import services as dunning_services
 from hardcount.errors import NotFoundError, StateConflictError
-from leases.fencing import NO_FENCE, Fence
+from hardcount.fencing import NO_FENCE, Fence
+from hardcount.times import database_now
 from outbox.services import emit_event
 
 

@@ -42,7 +42,7 @@ from django.db.models.functions import Now
 from billing import gateway as gw
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
-from billing.queries import database_now, next_invoice_number
+from billing.queries import next_invoice_number
 from billing.representations import invoice_data, subscription_data
 from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
 from billing.services.ledger import record_balance_applied_locked, set_balance_applied
@@ -62,7 +62,8 @@ from billing.services.payments import (
     plan_for,
 )
 from hardcount.bulk import insert_models, update_models
-from leases.fencing import Fence
+from hardcount.fencing import Fence
+from hardcount.times import database_now
 from outbox import services as outbox_services
 from outbox.services import emit_event
 
@@ -103,7 +104,7 @@ def prepare_page(
     ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
     their invoice finalised and their first attempt reserved, committed; ``others`` (in page
     order) were left untouched for the per-close path. Raises the database's error (nothing of the
-    batch is then written) and :class:`~leases.fencing.LeaseLost` when the fence refuses.
+    batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the fence refuses.
     """
     periods = dict(items)
     with transaction.atomic(), outbox_services.deferred_events():
@@ -234,7 +235,7 @@ def record_page(
     :func:`billing.services.payments.record_outcome`: charges that did not succeed, and any whose
     rows changed since step 1 (a racing same-key re-send recorded it, the period moved). Calls
     ``hooks.during_record`` for each inside the transaction, after the writes. Raises the
-    database's error (nothing written) and :class:`~leases.fencing.LeaseLost`.
+    database's error (nothing written) and :class:`~hardcount.fencing.LeaseLost`.
     """
     succeeded = [(p, r) for p, r in charged if r.outcome == gw.SUCCEEDED]
     others = [(p, r) for p, r in charged if r.outcome != gw.SUCCEEDED]

@@ -30,13 +30,14 @@ from django.db import transaction
 from billing import gateway as gw
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.periods import period_start
-from billing.queries import database_now, record_billing_failure
-from billing.representations import invoice_data, iso, subscription_data
+from billing.queries import record_billing_failure
+from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import carry_debit_locked
 from dunning import services as dunning_services
 from hardcount.errors import StateConflictError
+from hardcount.fencing import NO_FENCE, Fence
 from hardcount.money import minimum_charge
-from leases.fencing import NO_FENCE, Fence
+from hardcount.times import database_now, iso
 from outbox import services as outbox_services
 from outbox.services import emit_event
 

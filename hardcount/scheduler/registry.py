@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from leases.fencing import Fence
+from hardcount.fencing import Fence
 
 
 @dataclass

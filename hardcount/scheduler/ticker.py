@@ -20,10 +20,10 @@ from collections.abc import Callable
 from django.conf import settings
 from django.db import DatabaseError, connection, connections
 
+from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
 from hardcount.scheduler.registry import Role, TickContext, TickFailed
 from leases import services as leases
-from leases.fencing import LeaseLost
 
 logger = logging.getLogger("hardcount.scheduler")
 

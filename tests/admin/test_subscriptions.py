@@ -6,10 +6,10 @@ import pytest
 from django.urls import reverse
 
 from billing.models import BillingRun, Invoice, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.services.drain import drain_due
 from hardcount.admin import MAX_ACTION_ROWS
 from hardcount.models import Tenant
+from hardcount.times import database_now
 from outbox.models import Event
 from tests.admin import rows
 from tests.admin.conftest import changelist_ids, messages_of

@@ -14,8 +14,8 @@ from django.db import connection, connections
 from billing.models import Customer
 from hardcount import idempotency
 from hardcount.errors import Conflict
+from hardcount.fencing import LeaseLost
 from hardcount.models import IdempotencyRecord, Tenant
-from leases.fencing import LeaseLost
 from tests.api.conftest import Api, make_keys
 from tests.leases.helpers import Worker, wait_event_type, wait_until
 

@@ -161,8 +161,8 @@ class Book:
         from django.db import transaction
 
         from billing.models import Subscription
-        from billing.queries import database_now
         from billing.representations import subscription_data
+        from hardcount.times import database_now
         from outbox.services import emit_event
 
         if anchor is None:

@@ -6,10 +6,10 @@ import pytest
 
 from billing.api import schemas
 from billing.models import BillingRun, Invoice, LedgerEntry, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.representations import billing_attempt_data, billing_run_data, ledger_entry_data, payment_attempt_data
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
+from hardcount.times import database_now
 from tests.api.conftest import Api, make_keys
 from tests.billing.conftest import DECLINING_CARD
 

@@ -5,8 +5,9 @@ from datetime import timedelta
 import pytest
 
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
-from billing.queries import LADDER, database_now
+from billing.queries import LADDER
 from billing.services.drain import BillingRetryNotAllowed, drain_due, retry_billing
+from hardcount.times import database_now
 from tests.billing.conftest import events
 
 
@@ -282,7 +283,7 @@ class _ScriptedFence:
         return self.alive_calls >= 0
 
     def check(self):
-        from leases.fencing import LeaseLost
+        from hardcount.fencing import LeaseLost
 
         self.checks += 1
         if self.checks >= self.fail_check_at:
@@ -291,7 +292,7 @@ class _ScriptedFence:
 
 def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant, no_doctor):
     # no_doctor: the run stays 'running' under a lease token that no lease row holds (a scripted fence).
-    from leases.fencing import LeaseLost
+    from hardcount.fencing import LeaseLost
 
     for _ in range(6):
         book.subscribed(tenant)
@@ -309,7 +310,7 @@ def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, 
 
 
 def test_a_deposed_drain_writes_nothing_after_the_charge_and_the_successor_resolves_it(book, tenant, stripe_proxy):
-    from leases.fencing import LeaseLost
+    from hardcount.fencing import LeaseLost
     from tests.billing.conftest import age_payment_attempts
 
     sub = book.subscribed(tenant)

@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.services import close as close_module
 from billing.services.drain import drain_due, reconcile
 from billing.services.invoices import pay_invoice
 from billing.services.ledger import grant_credit
+from hardcount.times import database_now
 from tests.billing.conftest import DECLINING_CARD, age_payment_attempts
 
 

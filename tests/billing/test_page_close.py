@@ -26,11 +26,11 @@ from billing.models import (
     Price,
     Subscription,
 )
-from billing.queries import database_now
 from billing.seed import seed_demo_book
 from billing.services import page as page_module
 from billing.services.drain import drain_due
 from dunning.models import DunningRun
+from hardcount.times import database_now
 from outbox.models import Delivery, Event, WebhookEndpoint
 
 BOOK = 160

@@ -18,13 +18,13 @@ import pytest
 from django.core.management import call_command
 
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.queries import database_now
 from billing.services import close as close_module
 from billing.services.catalog import create_customer, create_price, create_subscription
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from hardcount import doctor
 from hardcount.models import Tenant
+from hardcount.times import database_now
 from outbox.services import create_webhook_endpoint
 from tests.billing.conftest import (  # noqa: F401  (fixtures of the localstripe proxy, used by name)
     DECLINING_CARD,

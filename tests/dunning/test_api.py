@@ -196,8 +196,8 @@ def test_the_admin_lists_runs_by_state_and_shows_their_attempts(book, tenant):
 
 def test_the_dunning_role_retries_due_runs_of_both_modes_and_stamps_each(book, tenant, stripe_proxy):
     from dunning.loops import DunningRole
+    from hardcount.fencing import NO_FENCE
     from hardcount.scheduler import TickContext
-    from leases.fencing import NO_FENCE
 
     declined = decline(book, tenant)
     DunningRun.objects.filter(pk=declined.run.pk).update(
@@ -221,6 +221,6 @@ def _day():
 
 
 def _iso(value):
-    from dunning.representations import iso
+    from hardcount.times import iso
 
     return iso(value)

@@ -148,7 +148,7 @@ def test_a_run_locked_by_another_loop_is_skipped_not_waited_for(book, tenant, st
 
 @pytest.mark.parametrize("alive", [False, True])
 def test_a_pass_under_a_lost_lease_writes_nothing(book, tenant, stripe_proxy, alive):
-    from leases.fencing import LeaseLost
+    from hardcount.fencing import LeaseLost
 
     _invoices, due = _declined_invoices(book, tenant, 1)
 

@@ -64,7 +64,7 @@ def test_the_last_declined_retry_marks_the_invoice_uncollectible_and_the_subscri
 
 
 def _iso(value) -> str:
-    from billing.representations import iso
+    from hardcount.times import iso
 
     return iso(value)
 
@@ -168,7 +168,7 @@ def test_a_new_payment_method_recovers_the_invoice_at_once(book, tenant, stripe_
 
 def test_a_new_payment_method_after_a_hard_decline_restarts_the_schedule_from_that_retry(book, tenant, make_card):
     from billing.services.customers import update_customer
-    from dunning.queries import database_now
+    from hardcount.times import database_now
     from tests.dunning.conftest import DECLINING_CARD
 
     declined = decline(book, tenant, card=STOLEN_CARD)

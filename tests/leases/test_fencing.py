@@ -10,8 +10,8 @@ import threading
 import pytest
 from django.db import DatabaseError, connection, transaction
 
+from hardcount.fencing import LeaseLost
 from leases import services as leases
-from leases.fencing import LeaseLost
 from tests.leases.helpers import (
     ROLE,
     Worker,

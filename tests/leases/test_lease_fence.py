@@ -3,8 +3,8 @@
 import pytest
 from django.db import transaction
 
+from hardcount.fencing import LeaseLost
 from leases import services as leases
-from leases.fencing import LeaseLost
 from tests.leases.helpers import ROLE, expire, lease_row, scratch_rows, wait_until, write_scratch
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.db.models.functions import Now
 
-from leases.fencing import NO_FENCE
+from hardcount.fencing import NO_FENCE
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.scheduling import ExecutorService, OutboxMaintenanceRole
 

@@ -8,11 +8,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from hardcount.fencing import LeaseLost
 from hardcount.loops import IdempotencyMaintenanceRole
 from hardcount.models import IdempotencyRecord, Tenant
 from hardcount.scheduler import Runtime, configured_roles
 from leases import services as leases
-from leases.fencing import LeaseLost
 from tests.leases.helpers import expire, lease_row, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

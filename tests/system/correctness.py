@@ -161,7 +161,7 @@ def age_unknown_attempts(tenant_id: str) -> int:
 
 
 def models_now():
-    from billing.queries import database_now
+    from hardcount.times import database_now
 
     return database_now()
 
@@ -198,7 +198,7 @@ def seed_book(
     method joins ``failing_methods``, which the proxy answers with a 500 on PaymentIntent calls.
     Committed on return (the whole book becomes due at once).
     """
-    from billing.queries import database_now
+    from hardcount.times import database_now
 
     kinds = kinds or [kind_of(i) for i in range(count)]
     with transaction.atomic():
@@ -308,7 +308,7 @@ def audit_book(seeded: SeededBook, proxy, *, expect_final_states: bool = True) -
       dunning run; failing → invoice open, period kept, failure 1 saved (waiting).
     """
     from billing.periods import period_bounds
-    from billing.queries import database_now
+    from hardcount.times import database_now
 
     audit = Audit()
     now = database_now()

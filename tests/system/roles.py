@@ -17,9 +17,9 @@ import time
 
 from django.db import connection, transaction
 
+from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
 from hardcount.scheduler import TickContext
-from leases.fencing import LeaseLost
 from leases.services import check_fence
 
 logger = logging.getLogger("tests.system.roles")

@@ -218,6 +218,6 @@ def run_experiment(server, stripe_proxy, failing_methods, make_card, replicas, s
 
 
 def _db_now():
-    from billing.queries import database_now
+    from hardcount.times import database_now
 
     return database_now()
