@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 # Where the embedded PostgreSQL, the demo's keys and the logs live (settings read the same variable).
 VAR_DIR := $(or $(HARDCOUNT_VAR_DIR),var)
 
-.PHONY: run test lint fmt fuzz check-imports stop-db clean correctness
+.PHONY: run test test-quick lint fmt fuzz check-imports stop-db clean correctness
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
+# Everything, as CI runs it; the 25 slowest tests are listed at the end.
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=25
+
+# The inner loop at the keyboard: lint and every test except the process-level (system) and slow ones.
+test-quick: lint
+	$(VENV)/bin/pytest -m "not system and not slow" --durations=10
 
 fuzz: $(STAMP)
 	$(VENV)/bin/pytest tests/api/test_fuzz_api.py -v

@@ -88,6 +88,7 @@ def take_over(pool: Replicas, dead, standby_future):
 # --- 1. the kill sweep ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_scheduler_killed_at_every_point_of_a_drain_bills_every_period_exactly_once(
     transactional_db, stripe_proxy, gateway, make_card, replicas
 ):
