@@ -34,6 +34,7 @@ from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 
 CURRENCIES = sorted(CURRENCY_EXPONENTS)
 SUBSCRIPTION_STATUSES = ["trialing", "active", "past_due", "unpaid", "canceled"]
+BILLING_STATES = ["ok", "waiting", "parked"]
 INVOICE_STATUSES = ["draft", "open", "paid", "void", "uncollectible"]
 
 _ID_HELP = "An id of the caller's tenant and mode; any other id is answered 404."
@@ -117,6 +118,12 @@ class SubscriptionListQuery(ListQuery):
     starting_after = QueryIdField("subscription", help_text=STARTING_AFTER_HELP)
     customer = QueryIdField("customer", help_text="Only this customer's subscriptions.")
     status = StrictChoiceField(choices=SUBSCRIPTION_STATUSES, required=False)
+    billing_state = StrictChoiceField(
+        choices=BILLING_STATES,
+        required=False,
+        help_text="Only subscriptions in this billing state: `waiting` (a billing failure waits for its "
+        "retry-ladder step), `parked` (eight failures: billed again only after retry-billing) or `ok`.",
+    )
 
 
 class InvoiceListQuery(ListQuery):

@@ -6,6 +6,7 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
+from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -16,6 +17,13 @@ from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
+
+# ``Subscription.billing_state`` as filters: parked wins over waiting, as in the property.
+BILLING_STATE_FILTERS = {
+    "parked": Q(billing_parked_at__isnull=False),
+    "waiting": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
+    "ok": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True),
+}
 
 
 class CustomerListView(ApiView):
@@ -141,6 +149,8 @@ class SubscriptionListView(ApiView):
     def get(self, request):
         query = self.read_query()
         subscriptions = self.filter_by_query(self.scoped(Subscription), query, customer="customer_id", status="status")
+        if query.get("billing_state"):
+            subscriptions = subscriptions.filter(BILLING_STATE_FILTERS[query["billing_state"]])
         return self.paginate(subscriptions, subscription_data, query, kind="subscription")
 
 

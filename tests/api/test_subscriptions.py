@@ -210,3 +210,29 @@ def test_invoice_get_and_list_filters(api):
     assert [row["id"] for row in api.get("/v1/invoices", {"customer": catalog["customer"]["id"]})[1]["data"]] == [
         paid.id
     ]
+
+
+def test_subscription_list_filters_by_billing_state(api):
+    ok, waiting, parked = (create_catalog(api)["subscription"]["id"] for _ in range(3))
+    now = db_now()
+    Subscription.objects.filter(pk=waiting).update(
+        billing_failure_count=1, next_billing_attempt_at=now + timedelta(minutes=15)
+    )
+    # A parked subscription keeps its last ladder time: parked must still win, as in billing_state.
+    Subscription.objects.filter(pk=parked).update(
+        billing_failure_count=8, next_billing_attempt_at=now, billing_parked_at=now
+    )
+    for state, expected in (("ok", ok), ("waiting", waiting), ("parked", parked)):
+        status, body = api.get("/v1/subscriptions", {"billing_state": state})
+        assert status == 200
+        assert [row["id"] for row in body["data"]] == [expected]
+        assert body["data"][0]["billing_state"] == state
+    status, body = api.get("/v1/subscriptions", {"billing_state": "failing"})
+    assert (status, body["error"]["param"]) == (422, "billing_state")
+
+
+def test_subscription_list_documents_its_filters(api):
+    _, schema = api.get("/v1/openapi.json")
+    params = {p["name"]: p for p in schema["paths"]["/v1/subscriptions"]["get"]["parameters"]}
+    assert params["billing_state"]["schema"]["enum"] == ["ok", "waiting", "parked"]
+    assert "status" in params
