@@ -1,8 +1,11 @@
 """Billing's SQL that the ORM cannot say cleanly, each statement named with the guarantee it gives.
 
 Every statement runs on the caller's connection, inside the caller's transaction; times come
-from PostgreSQL's ``now()`` (one clock authority, SPEC §3) unless a test clock's time is
-passed as ``as_of``.
+from PostgreSQL's ``now()`` (one clock authority, docs/reference/roles-and-leases.md) unless a test
+clock's time is passed as ``as_of``. The due predicate is written once, here (:func:`due_predicate`),
+and every statement that asks "is this subscription due" (the claim, the close's re-lock, the page
+close's lock through :func:`due_condition`) takes it from there. Locks follow the order of
+:mod:`billing.lock_objects`.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import connection
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 
-# SPEC §4: failure k (1..7) waits LADDER[k-1] after the failure; failure 8 parks.
+from billing.models import Subscription
+
+# docs/reference/billing.md: failure k (1..7) waits LADDER[k-1] after the failure; failure 8 parks.
 LADDER: tuple[timedelta, ...] = (
     timedelta(minutes=15),
     timedelta(hours=1),
@@ -23,7 +30,40 @@ LADDER: tuple[timedelta, ...] = (
 )
 PARK_AT_FAILURE = len(LADDER) + 1
 
-BILLABLE = "('trialing', 'active', 'past_due')"
+# Due by ``as_of`` (a parameter; the DB's now() when it is null).
+_DUE_BY = "billing_subscription.next_billing_at <= COALESCE(%s::timestamptz, now())"
+# Not waiting on the retry ladder (no next attempt, or it has passed), not parked.
+_NOT_FAILING = (
+    "billing_subscription.billing_parked_at IS NULL AND (billing_subscription.next_billing_attempt_at IS NULL"
+    " OR billing_subscription.next_billing_attempt_at <= now())"
+)
+
+
+def due_predicate(
+    *, test_clock_id: str | None, as_of: datetime | None, failing_too: bool = False
+) -> tuple[str, list[object]]:
+    """DUE: the SQL condition "this ``billing_subscription`` row is due", and its ``%s`` parameters in order.
+
+    Due: a billable status (:data:`billing.models.subscriptions.BILLABLE_STATUSES`),
+    ``next_billing_at <= as_of`` (``now()`` when None), not waiting (``next_billing_attempt_at``
+    unset or passed), not parked, and on the clock ``test_clock_id`` (None: wall-clock
+    subscriptions only, the ``test_clock_id IS NULL`` of the due-scan index). ``failing_too``
+    leaves out the waiting and parked terms (an operator's retry-billing, which clears them).
+    Columns are qualified with the table's name, so the condition stands in a statement that
+    joins other tables. Put it in a statement with positional parameters, its own in this order.
+    """
+    clock = "billing_subscription.test_clock_id = %s" if test_clock_id else "billing_subscription.test_clock_id IS NULL"
+    terms = ["billing_subscription.status = ANY(%s::text[])", clock, _DUE_BY]
+    params: list[object] = [list(Subscription.BILLABLE_STATUSES), *([test_clock_id] if test_clock_id else []), as_of]
+    if not failing_too:
+        terms.append(_NOT_FAILING)
+    return " AND ".join(terms), params
+
+
+def due_condition(*, test_clock_id: str | None, as_of: datetime | None) -> RawSQL:
+    """:func:`due_predicate` as a boolean expression for ``Subscription`` querysets: ``.filter(due_condition(…))``."""
+    # The text is this module's own; every value in it is a bound parameter.
+    return RawSQL(*due_predicate(test_clock_id=test_clock_id, as_of=as_of), output_field=BooleanField())  # noqa: S611
 
 
 def claim_due_page(
@@ -37,47 +77,33 @@ def claim_due_page(
 ) -> list[tuple[str, int]]:
     """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
 
-    Due: billable status, ``next_billing_at <= as_of`` (``now()`` when None), not waiting
-    (``next_billing_attempt_at`` unset or passed), not parked, not in ``exclude`` (this run's
-    attempted ones). Wall-clock subscriptions only, unless ``test_clock_id`` names the clock
-    whose subscriptions are drained. ``FOR UPDATE SKIP LOCKED`` passes over rows another
-    transaction is closing right now; the CTE applies ``LIMIT`` once, so a page never exceeds
-    ``page_size``. The claim commits at once: the close re-locks each subscription and re-checks
-    it is still due for the same period (:func:`lock_due_subscription`), and the invoice's
-    unique index is the hard guard (docs/decisions/0010-drain-claims-and-parallel-closes.md).
+    Due as :func:`due_predicate` says (wall-clock subscriptions only, unless ``test_clock_id``
+    names the clock whose subscriptions are drained), of mode ``livemode`` (and tenant
+    ``tenant_id`` when given), not in ``exclude`` (this run's attempted ones). ``FOR UPDATE SKIP
+    LOCKED`` passes over rows another transaction is closing right now; the CTE applies ``LIMIT``
+    once, so a page never exceeds ``page_size``. The claim commits at once: the close re-locks
+    each subscription and re-checks it is still due for the same period
+    (:func:`lock_due_subscription`), and the invoice's unique index is the hard guard
+    (docs/decisions/0010-drain-claims-and-parallel-closes.md).
     """
-    clock_filter = "test_clock_id = %(test_clock_id)s" if test_clock_id else "test_clock_id IS NULL"
-    tenant_filter = "AND tenant_id = %(tenant_id)s" if tenant_id else ""
+    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of)
+    tenant_filter = "AND tenant_id = %s" if tenant_id else ""
     sql = f"""
         WITH due AS (
             SELECT id, periods_billed, next_billing_at
             FROM billing_subscription
-            WHERE livemode = %(livemode)s
-              AND status IN {BILLABLE}
-              AND billing_parked_at IS NULL
-              AND {clock_filter}
-              AND next_billing_at <= COALESCE(%(as_of)s::timestamptz, now())
-              AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())
-              AND NOT (id = ANY(%(exclude)s::text[]))
+            WHERE livemode = %s
+              AND {due}
+              AND NOT (id = ANY(%s::text[]))
               {tenant_filter}
             ORDER BY next_billing_at
-            LIMIT %(page_size)s
+            LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
         SELECT id, periods_billed FROM due ORDER BY next_billing_at
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            {
-                "livemode": livemode,
-                "tenant_id": tenant_id,
-                "test_clock_id": test_clock_id,
-                "as_of": as_of,
-                "exclude": exclude,
-                "page_size": page_size,
-            },
-        )
+        cursor.execute(sql, [livemode, *due_params, exclude, *([tenant_id] if tenant_id else []), page_size])
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
@@ -86,15 +112,15 @@ def still_due(subscription_ids: list[str], *, as_of: datetime | None) -> list[st
 
     A subscription several periods behind is due again once one period is billed; a failed
     one whose failure was not saved is still due. The drain puts these (and only these) in its
-    exclude list, which keeps the list, sent with every claim, as short as SPEC §4 allows.
+    exclude list, which keeps the list, sent with every claim, as short as docs/reference/billing.md
+    allows. It asks only the date term of :func:`due_predicate`, so one that the close left waiting
+    on the retry ladder joins the list too.
     """
     if not subscription_ids:
         return []
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT id FROM billing_subscription WHERE id = ANY(%s::text[])"
-            " AND next_billing_at <= COALESCE(%s::timestamptz, now())",
-            [subscription_ids, as_of],
+            f"SELECT id FROM billing_subscription WHERE id = ANY(%s::text[]) AND {_DUE_BY}", [subscription_ids, as_of]
         )
         return [row[0] for row in cursor.fetchall()]
 
@@ -110,31 +136,21 @@ def lock_due_subscription(
     """LOCK_DUE_SUBSCRIPTION: lock the subscription iff it is still due for period ``periods_billed``.
 
     ``FOR UPDATE SKIP LOCKED``: a row another transaction holds is being closed by someone
-    else, so the caller skips it. The re-check (same period index, still due, not waiting or
-    parked, same clock) makes a stale claim harmless: a period that another close has advanced
-    is not closed twice. ``manual_retry`` (an operator's retry-billing) ignores the waiting and
-    parked predicates, which that retry clears. Returns False when the row is not locked.
+    else, so the caller skips it. The re-check (same period index, still due by
+    :func:`due_predicate` on the same clock) makes a stale claim harmless: a period that another
+    close has advanced is not closed twice. ``manual_retry`` (an operator's retry-billing) ignores
+    the waiting and parked terms, which that retry clears. Returns False when the row is not locked.
     """
-    failure_filter = (
-        ""
-        if manual_retry
-        else "AND billing_parked_at IS NULL AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())"
-    )
+    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, failing_too=manual_retry)
     sql = f"""
         SELECT id FROM billing_subscription
-        WHERE id = %(id)s
-          AND periods_billed = %(periods_billed)s
-          AND status IN {BILLABLE}
-          AND test_clock_id IS NOT DISTINCT FROM %(test_clock_id)s
-          AND next_billing_at <= COALESCE(%(as_of)s::timestamptz, now())
-          {failure_filter}
+        WHERE id = %s
+          AND periods_billed = %s
+          AND {due}
         FOR UPDATE SKIP LOCKED
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            {"id": subscription_id, "periods_billed": periods_billed, "test_clock_id": test_clock_id, "as_of": as_of},
-        )
+        cursor.execute(sql, [subscription_id, periods_billed, *due_params])
         return cursor.fetchone() is not None
 
 

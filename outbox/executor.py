@@ -191,7 +191,7 @@ class _Claim:
 
     id: str
     claim: str
-    attempts: int  # this attempt's number (spent at the claim, 1..8)
+    attempts: int  # this attempt's number (spent at the claim, 1..MAX_ATTEMPTS)
     prev_attempts: int
     event_id: str
     event_type: str

@@ -11,11 +11,13 @@ after the claim carries ``claimed_by = %(claim)s AND claim_expires_at > now()``,
 lease has expired (and whether or not anyone has reclaimed it) the late writer's result is
 refused by the database and discarded.
 
-Attempt accounting: the claim spends the attempt (``attempts + 1``, clamped to 8) before
-the request is sent, so an executor killed mid-request has still used it and no delivery
-is ever sent more than 8 times. A defer or a release (no request made) hands it back.
+Attempt accounting: the claim spends the attempt (``attempts + 1``, clamped to
+:data:`MAX_ATTEMPTS`, 8) before the request is sent, so an executor killed mid-request has still
+used it and no delivery is ever sent more than :data:`MAX_ATTEMPTS` times. A defer or a release
+(no request made) hands it back.
 """
 
+# Requests a delivery gets at most (docs/reference/webhooks.md); the statements below are built with it.
 MAX_ATTEMPTS = 8
 
 # CLAIM_DUE: take up to %(limit)s due deliveries (the caller passes its idle workers).
@@ -24,7 +26,7 @@ MAX_ATTEMPTS = 8
 # replica included. The row's previous claim and attempt count come back so the caller
 # records evidence for an attempt whose executor vanished. Everything the send needs
 # (event, endpoint, circuit state) comes back in the same round trip.
-CLAIM_DUE = """
+CLAIM_DUE = f"""
 WITH due AS (
     SELECT d.id, d.claimed_by AS lost_claim, d.attempts AS prev_attempts
     FROM outbox_delivery d
@@ -38,7 +40,7 @@ WITH due AS (
     UPDATE outbox_delivery d
     SET claimed_by = %(executor)s || '/' || gen_random_uuid()::text,
         claim_expires_at = now() + make_interval(secs => %(lease_s)s),
-        attempts = LEAST(d.attempts + 1, 8)
+        attempts = LEAST(d.attempts + 1, {MAX_ATTEMPTS})
     FROM due
     WHERE d.id = due.id
     RETURNING d.id, d.claimed_by, d.attempts, due.prev_attempts, due.lost_claim, d.event_id, d.endpoint_id
@@ -145,14 +147,14 @@ ON CONFLICT (delivery_id, number) DO NOTHING
 # stalled), in one UPDATE. The inner SELECT locks with SKIP LOCKED, so a row being renewed
 # or finished right now is left alone, and the UPDATE re-checks the expiry on the row it
 # writes, so a lease renewed in between is never reaped. The expired attempt stays spent
-# (the request may have been sent); one that was the 8th fails the delivery. Returns the
+# (the request may have been sent); one that was the last (MAX_ATTEMPTS) fails the delivery. Returns the
 # previous claim and attempt number so the caller records the lost attempt's evidence.
-REAP_EXPIRED_CLAIMS = """
+REAP_EXPIRED_CLAIMS = f"""
 UPDATE outbox_delivery d
 SET claimed_by = NULL,
     claim_expires_at = NULL,
-    status = CASE WHEN d.attempts >= 8 THEN 'failed' ELSE 'retrying' END,
-    completed_at = CASE WHEN d.attempts >= 8 THEN now() ELSE NULL END,
+    status = CASE WHEN d.attempts >= {MAX_ATTEMPTS} THEN 'failed' ELSE 'retrying' END,
+    completed_at = CASE WHEN d.attempts >= {MAX_ATTEMPTS} THEN now() ELSE NULL END,
     last_error = 'lease expired: executor ' || old.claimed_by || ' stopped reporting during attempt '
                  || d.attempts::text
 FROM (

@@ -1,7 +1,8 @@
 """Writing events: the transactional outbox's only entry point for other apps.
 
-Every state change calls :func:`emit_event` inside the transaction that makes the change,
-so the change and its event commit or roll back together (SPEC §6). The event fans out to
+Every state change calls :func:`emit_event` (or :func:`emit_for`, its form for an event about
+one object) inside the transaction that makes the change, so the change and its event commit or
+roll back together (docs/reference/webhooks.md). The event fans out to
 one delivery per enabled endpoint that subscribes to its type, in the same transaction.
 """
 
@@ -11,7 +12,7 @@ import ipaddress
 import threading
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
@@ -85,6 +86,22 @@ def emit_event(
     # Not deferred, or in a savepoint nested in the block, which may roll back on its own: written now.
     _write_events([event])
     return event
+
+
+class TenantObject(Protocol):
+    """Anything an event can be about: a row of one tenant in one mode (``tenant_id``, ``livemode``)."""
+
+    tenant_id: str
+    livemode: bool
+
+
+def emit_for(obj: TenantObject, type: str, data: dict[str, Any], *, created_at: datetime | None = None) -> Event:
+    """:func:`emit_event` for an event about ``obj``: the event's tenant and mode are the object's.
+
+    ``data`` is the object's API representation (each app builds its own; billing's per-kind
+    helpers are in ``billing.events``); ``created_at`` and the rules are :func:`emit_event`'s.
+    """
+    return emit_event(tenant_id=obj.tenant_id, livemode=obj.livemode, type=type, data=data, created_at=created_at)
 
 
 # The events of the current deferred_events() block, per thread (Django's connections are per thread).
@@ -408,10 +425,12 @@ def due_backlog() -> int:
 __all__ = [
     "BUSINESS_RULE_CODES",
     "EVENT_TYPES",
+    "TenantObject",
     "create_webhook_endpoint",
     "delete_webhook_endpoint",
     "due_backlog",
     "emit_event",
+    "emit_for",
     "event_type_matches",
     "event_type_patterns",
     "replay_delivery",

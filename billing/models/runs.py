@@ -2,6 +2,7 @@
 
 from django.db import models
 
+from billing.models.choices import WordChoices
 from hardcount.ids import id_field
 from hardcount.models import Tenant
 
@@ -15,19 +16,33 @@ class BillingRun(models.Model):
     waiting on tax) and ``failed`` (the period did not advance).
     """
 
-    SCHEDULER, MANUAL, TEST_CLOCK = "scheduler", "manual", "test_clock"
-    TRIGGER_CHOICES = [(s, s) for s in (SCHEDULER, MANUAL, TEST_CLOCK)]
-    RUNNING, COMPLETED, FAILED, ABANDONED = "running", "completed", "failed", "abandoned"
-    STATUS_CHOICES = [(s, s) for s in (RUNNING, COMPLETED, FAILED, ABANDONED)]
+    class Trigger(WordChoices):
+        """Who started the run: the scheduler's tick, an API call, or a test clock's advance."""
+
+        SCHEDULER = "scheduler"
+        MANUAL = "manual"
+        TEST_CLOCK = "test_clock"
+
+    class Status(WordChoices):
+        """``running`` until the drain ends it ``completed`` or ``failed``; ``abandoned`` when its process died."""
+
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        ABANDONED = "abandoned"
+
+    # The members under the names code written before the enums compares with.
+    SCHEDULER, MANUAL, TEST_CLOCK = Trigger.SCHEDULER, Trigger.MANUAL, Trigger.TEST_CLOCK
+    RUNNING, COMPLETED, FAILED, ABANDONED = Status.RUNNING, Status.COMPLETED, Status.FAILED, Status.ABANDONED
 
     id = id_field("billing_run")
-    trigger = models.CharField(max_length=16, choices=TRIGGER_CHOICES)
+    trigger = models.CharField(max_length=16, choices=Trigger.choices)
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     livemode = models.BooleanField()
     test_clock = models.ForeignKey(
         "billing.TestClock", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=RUNNING)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     # The instant the run billed "as of": now() for wall-clock runs, the clock's time otherwise.
     as_of = models.DateTimeField()
     started_at = models.DateTimeField()
@@ -43,18 +58,39 @@ class BillingRun(models.Model):
     class Meta:
         indexes = [models.Index(fields=["tenant", "livemode", "started_at"], name="billing_run_tenant_idx")]
 
+    def count(self, outcome: str) -> None:
+        """Count one attempted subscription whose close came to ``outcome`` (a :class:`BillingAttempt.Outcome`)."""
+        self.attempted += 1
+        if outcome in BillingAttempt.COUNTED_AS_BILLED:
+            self.billed += 1
+        elif outcome == BillingAttempt.Outcome.FAILED:
+            self.failed += 1
+
 
 class BillingAttempt(models.Model):
     """One subscription attempted by one run, with its outcome and failure number."""
 
-    BILLED, DECLINED, TAX_PENDING, FAILED, SKIPPED = "billed", "declined", "tax_pending", "failed", "skipped"
-    OUTCOME_CHOICES = [(s, s) for s in (BILLED, DECLINED, TAX_PENDING, FAILED, SKIPPED)]
+    class Outcome(WordChoices):
+        """What the attempt came to (the ``kind`` of :class:`billing.services.payments.Outcome`)."""
+
+        BILLED = "billed"
+        DECLINED = "declined"
+        TAX_PENDING = "tax_pending"
+        FAILED = "failed"
+        SKIPPED = "skipped"
+
+    # Outcomes a run counts as billed: an invoice was closed (paid, declined into dunning, or
+    # waiting on tax). A failed attempt counts as failed; a skipped one as neither.
+    COUNTED_AS_BILLED = (Outcome.BILLED, Outcome.DECLINED, Outcome.TAX_PENDING)
+    # The members under the names code written before the enums compares with.
+    BILLED, DECLINED, TAX_PENDING = Outcome.BILLED, Outcome.DECLINED, Outcome.TAX_PENDING
+    FAILED, SKIPPED = Outcome.FAILED, Outcome.SKIPPED
 
     id = id_field("billing_attempt")
     run = models.ForeignKey(BillingRun, on_delete=models.CASCADE, related_name="attempts")
     subscription = models.ForeignKey("billing.Subscription", on_delete=models.CASCADE, related_name="billing_attempts")
     invoice = models.ForeignKey("billing.Invoice", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error = models.TextField(blank=True, default="")
     # The subscription's billing_failure_count after this attempt (0 when it succeeded).
     failure_number = models.PositiveSmallIntegerField(default=0)

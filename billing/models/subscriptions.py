@@ -2,8 +2,25 @@
 
 from django.db import models
 
+from billing.models.choices import WordChoices
 from hardcount.ids import id_field
 from hardcount.models import TenantScoped
+
+
+class SubscriptionStatus(WordChoices):
+    """A subscription's status (as Stripe's): ``trialing``, ``active``, ``past_due``, ``unpaid``, ``canceled``."""
+
+    TRIALING = "trialing"
+    ACTIVE = "active"
+    PAST_DUE = "past_due"
+    UNPAID = "unpaid"
+    CANCELED = "canceled"
+
+
+# Statuses the drain bills: a past_due subscription keeps being invoiced, as in Stripe
+# (docs/decisions/0053-billable-statuses.md). The due predicate (billing.queries) and the
+# due-scan index below both take it from here.
+BILLABLE_STATUSES = (SubscriptionStatus.TRIALING, SubscriptionStatus.ACTIVE, SubscriptionStatus.PAST_DUE)
 
 
 class Subscription(TenantScoped):
@@ -17,15 +34,16 @@ class Subscription(TenantScoped):
     only an operator's retry-billing clears it.
     """
 
-    TRIALING, ACTIVE, PAST_DUE, UNPAID, CANCELED = "trialing", "active", "past_due", "unpaid", "canceled"
-    STATUS_CHOICES = [(s, s) for s in (TRIALING, ACTIVE, PAST_DUE, UNPAID, CANCELED)]
-    # Statuses the drain bills: a past_due subscription keeps being invoiced, as in Stripe.
-    BILLABLE_STATUSES = (TRIALING, ACTIVE, PAST_DUE)
+    Status = SubscriptionStatus
+    BILLABLE_STATUSES = BILLABLE_STATUSES
+    # The members under the names code compares with.
+    TRIALING, ACTIVE, PAST_DUE = Status.TRIALING, Status.ACTIVE, Status.PAST_DUE
+    UNPAID, CANCELED = Status.UNPAID, Status.CANCELED
 
     id = id_field("subscription")
     customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="subscriptions")
     price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, related_name="subscriptions")
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES)
+    status = models.CharField(max_length=16, choices=Status.choices)
     billing_cycle_anchor = models.DateTimeField()
     trial_end = models.DateTimeField(null=True, blank=True)
     current_period_start = models.DateTimeField(null=True, blank=True)
@@ -55,7 +73,7 @@ class Subscription(TenantScoped):
                 condition=models.Q(
                     billing_parked_at__isnull=True,
                     test_clock__isnull=True,
-                    status__in=["trialing", "active", "past_due"],
+                    status__in=list(BILLABLE_STATUSES),
                 ),
             ),
             models.Index(fields=["tenant", "livemode", "status"], name="subscription_status_idx"),

@@ -2,7 +2,7 @@
 
 Each function owns one transaction, validates what needs the database (references,
 currencies, times relative to "now"), writes the change and emits its event with
-:func:`outbox.services.emit_event` in the same transaction. Lookups are always scoped to
+:mod:`billing.events` in the same transaction. Lookups are always scoped to
 ``(tenant_id, livemode)``: an id of another tenant or mode raises
 :class:`~hardcount.errors.NotFoundError` exactly like an id that never existed.
 
@@ -16,13 +16,13 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from billing.events import customer_event, price_event, subscription_event
+from billing.lock_objects import customer_qs_select_for_update, subscription_qs_select_for_update
 from billing.models import Customer, Price, Subscription, TestClock
 from billing.periods import INTERVALS, period_start
-from billing.representations import customer_data, price_data, subscription_data
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from hardcount.times import database_now
-from outbox.services import emit_event
 
 # Codes of the 422s this module raises for requests whose every field is well-formed on its own
 # (cross-field and time-relative rules the OpenAPI document can only describe in prose).
@@ -51,11 +51,10 @@ def billing_now(test_clock: TestClock | None) -> datetime:
     return database_now()
 
 
-def _get(model, object_id: str, *, tenant_id: str, livemode: bool, param: str, noun: str, lock: bool = False):
-    queryset = model.objects.filter(tenant_id=tenant_id, livemode=livemode, pk=object_id)
-    if lock:
-        queryset = queryset.select_for_update()
-    obj = queryset.first()
+def _get(queryset, object_id: str, *, tenant_id: str, livemode: bool, param: str, noun: str):
+    """The object of ``queryset`` (a manager, or a locking queryset of :mod:`billing.lock_objects`) in the
+    tenant and mode; :class:`NotFoundError` naming ``param`` and ``noun`` when there is none."""
+    obj = queryset.filter(tenant_id=tenant_id, livemode=livemode, pk=object_id).first()
     if obj is None:
         raise NotFoundError(f"No such {noun}: '{object_id}'.", param=param)
     return obj
@@ -86,7 +85,12 @@ def create_customer(
                     "Test clocks exist in test mode only; use a test key.", code="test_mode_only", param="test_clock"
                 )
             clock = _get(
-                TestClock, test_clock_id, tenant_id=tenant_id, livemode=livemode, param="test_clock", noun="test clock"
+                TestClock.objects,
+                test_clock_id,
+                tenant_id=tenant_id,
+                livemode=livemode,
+                param="test_clock",
+                noun="test clock",
             )
         customer = Customer.objects.create(
             tenant_id=tenant_id,
@@ -98,13 +102,7 @@ def create_customer(
             metadata=metadata or {},
             test_clock=clock,
         )
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="customer.created",
-            data=customer_data(customer),
-            created_at=billing_now(clock),
-        )
+        customer_event(customer, "customer.created", created_at=billing_now(clock))
     return customer
 
 
@@ -162,7 +160,7 @@ def create_price(
             nickname=nickname,
             active=active,
         )
-        emit_event(tenant_id=tenant_id, livemode=livemode, type="price.created", data=price_data(price))
+        price_event(price, "price.created")
     return price
 
 
@@ -195,9 +193,14 @@ def create_subscription(
     """
     with transaction.atomic():
         customer = _get(
-            Customer, customer_id, tenant_id=tenant_id, livemode=livemode, param="customer", noun="customer", lock=True
+            customer_qs_select_for_update(),
+            customer_id,
+            tenant_id=tenant_id,
+            livemode=livemode,
+            param="customer",
+            noun="customer",
         )
-        price = _get(Price, price_id, tenant_id=tenant_id, livemode=livemode, param="price", noun="price")
+        price = _get(Price.objects, price_id, tenant_id=tenant_id, livemode=livemode, param="price", noun="price")
         if not price.active:
             raise InvalidRequestError(f"Price '{price.id}' is not active.", code="price_inactive", param="price")
         if customer.currency and customer.currency != price.currency:
@@ -239,13 +242,7 @@ def create_subscription(
             cancel_at_period_end=cancel_at_period_end,
             metadata=metadata or {},
         )
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="subscription.created",
-            data=subscription_data(subscription),
-            created_at=now,
-        )
+        subscription_event(subscription, "subscription.created", created_at=now)
     return subscription
 
 
@@ -306,13 +303,12 @@ def cancel_subscription(
     """
     with transaction.atomic():
         subscription = _get(
-            Subscription,
+            subscription_qs_select_for_update(),
             subscription_id,
             tenant_id=tenant_id,
             livemode=livemode,
             param="id",
             noun="subscription",
-            lock=True,
         )
         if subscription.status == Subscription.CANCELED:
             raise StateConflictError(
@@ -333,13 +329,7 @@ def cancel_subscription(
             subscription.next_billing_at = None
             subscription.save(update_fields=["status", "canceled_at", "ended_at", "next_billing_at", "updated_at"])
             event_type = "subscription.canceled"
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type=event_type,
-            data=subscription_data(subscription),
-            created_at=now,
-        )
+        subscription_event(subscription, event_type, created_at=now)
     return subscription
 
 

@@ -24,11 +24,12 @@ from datetime import datetime
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from billing import gateway as gw
-from billing.models import BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.events import invoice_event, subscription_event
+from billing.lock_objects import customer_locked, invoice_qs_select_for_update, subscription_qs_select_for_update
+from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
 from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
-from billing.representations import invoice_data, subscription_data
-from billing.services.ledger import apply_balance_locked, lock_customer
+from billing.services.ledger import apply_balance_locked
 from billing.services.payments import (
     ChargePlan,
     Outcome,
@@ -50,7 +51,6 @@ from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provid
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.times import database_now
 from outbox import services as outbox_services
-from outbox.services import emit_event
 
 log = logging.getLogger("billing.close")
 
@@ -190,7 +190,7 @@ def _guarded(
         # A serialization or deadlock abort, or a lost connection: not saved on the subscription
         # (SPEC §4); the run's exclude list keeps it from being retried in this run.
         log.warning("close of %s hit a database error (not saved): %s", subscription_id, exc)
-        outcome = Outcome("failed", error=f"database: {exc}")
+        outcome = Outcome(BillingAttempt.Outcome.FAILED, error=f"database: {exc}")
         _best_effort_attempt_row(
             run, subscription_id, outcome=outcome, test_clock_id=test_clock_id, as_of=as_of, fence=fence
         )
@@ -229,7 +229,9 @@ def _prepare(
             as_of=as_of,
             manual_retry=manual_retry,
         ):
-            outcome = Outcome("skipped", error="not due for this period any more, or being closed elsewhere")
+            outcome = Outcome(
+                BillingAttempt.Outcome.SKIPPED, error="not due for this period any more, or being closed elsewhere"
+            )
             write_billing_attempt(run, subscription_id, outcome, now=billing_time(test_clock_id, as_of))
             return outcome
         sub = Subscription.objects.select_related("price").get(pk=subscription_id)
@@ -257,7 +259,7 @@ def _prepare(
             invoice, lines = inserted
         else:
             invoice = (
-                Invoice.objects.select_for_update()
+                invoice_qs_select_for_update()
                 .filter(subscription_id=sub.id, period_start=start)
                 .exclude(status=Invoice.VOID)
                 .order_by("created_at", "id")
@@ -266,7 +268,7 @@ def _prepare(
             if invoice is None:  # voided meanwhile (the insert saw it): try again next run
                 raise RuntimeError(f"invoice for {sub.id} at {start} vanished")
 
-        customer = lock_customer(sub.customer_id)
+        customer = customer_locked(sub.customer_id)
         if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(
             invoice, now=now, customer=customer, lines=lines
         ):
@@ -274,14 +276,14 @@ def _prepare(
         if invoice.status in (Invoice.PAID, Invoice.UNCOLLECTIBLE):
             # Settled but not advanced (cannot happen through the close; defensive).
             act_on_paid_locked(sub, invoice, now=now)
-            outcome = Outcome("billed", invoice.id)
+            outcome = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
 
         if needs_no_charge(invoice):
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
-            outcome = Outcome("billed", invoice.id)
+            outcome = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         try:
@@ -289,7 +291,7 @@ def _prepare(
             wall_now = now if test_clock_id is None and as_of is None else database_now()
             plan = reserve_attempt_locked(invoice, customer, now=wall_now, first_attempt=bool(inserted))
         except PaymentInFlight as exc:
-            outcome = Outcome("skipped", invoice.id, error=exc.message)
+            outcome = Outcome(BillingAttempt.Outcome.SKIPPED, invoice.id, error=exc.message)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         if plan.known_result is not None:
@@ -317,13 +319,7 @@ def _materialise(
     invoice._state.adding = False
     invoice._state.db = connection.alias
     line.save(force_insert=True)
-    emit_event(
-        tenant_id=sub.tenant_id,
-        livemode=sub.livemode,
-        type="invoice.created",
-        data=invoice_data(invoice, lines=[line]),
-        created_at=now,
-    )
+    invoice_event(invoice, "invoice.created", lines=[line], created_at=now)
     return invoice, [line]
 
 
@@ -393,17 +389,11 @@ def finalize_or_pend_locked(
             invoice.save(update_fields=["tax_status"])
         return False
     apply_tax(invoice, quote)
-    customer = customer or lock_customer(invoice.customer_id)
+    customer = customer or customer_locked(invoice.customer_id)
     apply_balance_locked(customer, invoice, at=now)
     mark_finalized(invoice, number=next_invoice_number(invoice.tenant_id, invoice.livemode), now=now)
     invoice.save()
-    emit_event(
-        tenant_id=invoice.tenant_id,
-        livemode=invoice.livemode,
-        type="invoice.finalized",
-        data=invoice_data(invoice, lines=lines),
-        created_at=now,
-    )
+    invoice_event(invoice, "invoice.finalized", lines=lines, created_at=now)
     return True
 
 
@@ -449,14 +439,10 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
         if sub.status == Subscription.TRIALING:
             sub.status = Subscription.ACTIVE
         sub.save()
-        emit_event(
-            tenant_id=sub.tenant_id,
-            livemode=sub.livemode,
-            type="subscription.updated",
-            data=subscription_data(sub),
-            created_at=now,
-        )
-    outcome = Outcome("tax_pending", invoice.id, error="tax provider unavailable: invoice waits as a draft")
+        subscription_event(sub, "subscription.updated", created_at=now)
+    outcome = Outcome(
+        BillingAttempt.Outcome.TAX_PENDING, invoice.id, error="tax provider unavailable: invoice waits as a draft"
+    )
     write_billing_attempt(run, sub.id, outcome, now=now)
     return outcome
 
@@ -469,14 +455,8 @@ def _cancel_at_period_end_locked(sub: Subscription, run: BillingRun | None, now:
     sub.next_billing_at = None
     clear_failure_state(sub)
     sub.save()
-    emit_event(
-        tenant_id=sub.tenant_id,
-        livemode=sub.livemode,
-        type="subscription.canceled",
-        data=subscription_data(sub),
-        created_at=now,
-    )
-    outcome = Outcome("skipped", error="canceled at period end")
+    subscription_event(sub, "subscription.canceled", created_at=now)
+    outcome = Outcome(BillingAttempt.Outcome.SKIPPED, error="canceled at period end")
     write_billing_attempt(run, sub.id, outcome, now=now)
     return outcome
 
@@ -493,11 +473,11 @@ def _save_exception(
     manual_retry: bool,
 ) -> Outcome:
     """An exception in the close is a failure: saved on the subscription if it is still on that period."""
-    outcome = Outcome("failed", error=error)
+    outcome = Outcome(BillingAttempt.Outcome.FAILED, error=error)
     try:
         with transaction.atomic():
             fence.check()
-            sub = Subscription.objects.select_for_update().filter(pk=subscription_id).first()
+            sub = subscription_qs_select_for_update().filter(pk=subscription_id).first()
             now = billing_time(test_clock_id, as_of)
             if (
                 sub is not None

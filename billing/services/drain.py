@@ -24,12 +24,12 @@ from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.models import F, Q
 
+from billing.events import billing_run_event
+from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.queries import claim_due_page, still_due
-from billing.representations import billing_run_data
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
 from billing.services.close import hooks as close_hooks
-from billing.services.ledger import lock_customer
 from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
     Outcome,
@@ -48,11 +48,10 @@ from billing.services.payments import (
 from hardcount.errors import NotFoundError, StateConflictError
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.times import database_now
-from outbox.services import emit_event
 
 log = logging.getLogger("billing.drain")
 
-TRIGGERS = (BillingRun.SCHEDULER, BillingRun.MANUAL, BillingRun.TEST_CLOCK)
+TRIGGERS = tuple(BillingRun.Trigger.values)
 
 
 class BillingRetryNotAllowed(StateConflictError):
@@ -136,7 +135,7 @@ def drain_due(
                     )
             except DatabaseError as exc:
                 log.error("billing drain %s ended by a database error: %s", run.id, exc)
-                _finish_run(run, BillingRun.FAILED, fence, error=f"database: {exc}")
+                _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
                 return run
             if not page:
                 break
@@ -157,11 +156,7 @@ def drain_due(
                     continue
                 if isinstance(result, BaseException):
                     raise result
-                run.attempted += 1
-                if result.kind in ("billed", "declined", "tax_pending"):
-                    run.billed += 1
-                elif result.kind == "failed":
-                    run.failed += 1
+                run.count(result.kind)
             if lease_lost is not None:
                 raise LeaseLost("billing lease lost during a page") from lease_lost
             try:
@@ -169,12 +164,12 @@ def drain_due(
                     exclude.extend(still_due([subscription_id for subscription_id, _ in page], as_of=as_of))
             except DatabaseError as exc:
                 log.error("billing drain %s ended by a database error: %s", run.id, exc)
-                _finish_run(run, BillingRun.FAILED, fence, error=f"database: {exc}")
+                _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
                 return run
             _save_counts(run, fence)
             if on_page is not None:
                 on_page(run)
-        _finish_run(run, BillingRun.COMPLETED, fence)
+        _finish_run(run, BillingRun.Status.COMPLETED, fence)
     finally:
         pool.shutdown()
     return run
@@ -192,11 +187,11 @@ def _start_run(
     with transaction.atomic():
         fence.check()
         now = database_now()
-        if trigger == BillingRun.SCHEDULER:
+        if trigger == BillingRun.Trigger.SCHEDULER:
             # Only the lease holder runs scheduler drains: an older one still "running" died.
             BillingRun.objects.filter(
-                trigger=BillingRun.SCHEDULER, livemode=livemode, status=BillingRun.RUNNING
-            ).update(status=BillingRun.ABANDONED, finished_at=now, error="superseded: its process stopped")
+                trigger=BillingRun.Trigger.SCHEDULER, livemode=livemode, status=BillingRun.Status.RUNNING
+            ).update(status=BillingRun.Status.ABANDONED, finished_at=now, error="superseded: its process stopped")
         return BillingRun.objects.create(
             trigger=trigger,
             tenant_id=tenant_id,
@@ -225,17 +220,11 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
             run.finished_at = database_now()
             run.save()
             if run.tenant_id:
-                emit_event(
-                    tenant_id=run.tenant_id,
-                    livemode=run.livemode,
-                    type="billing_run.completed",
-                    data=billing_run_data(run),
-                    created_at=run.finished_at,
-                )
+                billing_run_event(run, "billing_run.completed", created_at=run.finished_at)
     except LeaseLost:
         raise
     except DatabaseError:
-        if status != BillingRun.FAILED:
+        if status != BillingRun.Status.FAILED:
             raise
         log.error("could not record the end of billing run %s", run.id)
 
@@ -386,7 +375,7 @@ def retry_billing(subscription_id: str, *, tenant_id: str, livemode: bool) -> Bi
     """
     with transaction.atomic():
         sub = (
-            Subscription.objects.select_for_update()
+            subscription_qs_select_for_update()
             .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
             .first()
         )
@@ -398,17 +387,15 @@ def retry_billing(subscription_id: str, *, tenant_id: str, livemode: bool) -> Bi
             )
         now = database_now()
         run = BillingRun.objects.create(
-            trigger=BillingRun.MANUAL, tenant_id=tenant_id, livemode=livemode, as_of=now, started_at=now
+            trigger=BillingRun.Trigger.MANUAL, tenant_id=tenant_id, livemode=livemode, as_of=now, started_at=now
         )
         periods_billed = sub.periods_billed
     outcome = close_subscription_period(
         sub.id, periods_billed=periods_billed, run=run, test_clock_id=sub.test_clock_id, manual_retry=True
     )
     run.pages = 1
-    run.attempted = 1
-    run.billed = int(outcome.kind in ("billed", "declined", "tax_pending"))
-    run.failed = int(outcome.kind == "failed")
-    _finish_run(run, BillingRun.COMPLETED, NO_FENCE)
+    run.count(outcome.kind)
+    _finish_run(run, BillingRun.Status.COMPLETED, NO_FENCE)
     return run.attempts.get(subscription_id=sub.id)
 
 
@@ -481,20 +468,15 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
         invoice = Invoice.objects.filter(pk=invoice_id).only("subscription_id").first()
         if invoice is None:
             return "skipped"
-        sub = None
-        if invoice.subscription_id:
-            sub = (
-                Subscription.objects.select_for_update(of=("self",))
-                .select_related("price")
-                .get(pk=invoice.subscription_id)
-            )
-        invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice_id).first()
+        sub, invoice = subscription_and_invoice_locked(
+            invoice_id, subscription_id=invoice.subscription_id, skip_locked=True
+        )
         if invoice is None or invoice.status != Invoice.DRAFT or invoice.tax_status != Invoice.TAX_PENDING:
             return "skipped"
         now = billing_time(sub.test_clock_id if sub else None)
         if not finalize_or_pend_locked(invoice, now=now):
             return "pending"
-        customer = lock_customer(invoice.customer_id)
+        customer = customer_locked(invoice.customer_id)
         if needs_no_charge(invoice):
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
@@ -511,15 +493,9 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
     """Re-send an unresolved attempt under its key; True resolved, False still unresolved, None skipped."""
     with transaction.atomic():
         fence.check()
-        invoice = attempt.invoice
-        sub = None
-        if invoice.subscription_id:
-            sub = (
-                Subscription.objects.select_for_update(of=("self",))
-                .select_related("price")
-                .get(pk=invoice.subscription_id)
-            )
-        invoice = Invoice.objects.select_for_update(skip_locked=True).filter(pk=invoice.pk).first()
+        sub, invoice = subscription_and_invoice_locked(
+            attempt.invoice_id, subscription_id=attempt.invoice.subscription_id, skip_locked=True
+        )
         if invoice is None or invoice.status != Invoice.OPEN:
             return None
         latest = invoice.payment_attempts.order_by("-attempt_number").first()
@@ -527,10 +503,10 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
             return None
         if latest.outcome == PaymentAttempt.ERROR and sub is not None and is_current_period(sub, invoice):
             return None  # the retry ladder owns it
-        customer = lock_customer(invoice.customer_id)
+        customer = customer_locked(invoice.customer_id)
         try:
             plan = reserve_attempt_locked(invoice, customer, now=database_now())
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)
-    return outcome.kind != "failed"
+    return outcome.kind != BillingAttempt.Outcome.FAILED

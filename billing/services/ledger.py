@@ -6,8 +6,9 @@ forward, as Stripe does), added to the next invoice. Every entry stores ``balanc
 every write locks the customer row first (``SELECT … FOR UPDATE``), so ``balance_after`` is the
 running sum by construction. Entries are never updated or deleted.
 
-The helpers prefixed ``_locked`` must run inside the caller's transaction, after the caller has
-locked the customer with :func:`lock_customer`.
+The helpers suffixed ``_locked`` must run inside the caller's transaction, after the caller has
+locked the customer with :func:`billing.lock_objects.customer_locked` (in the order of
+:mod:`billing.lock_objects`: after the subscription, invoice and payment attempt it needs).
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from datetime import datetime
 
 from django.db import transaction
 
+from billing.events import ledger_entry_event
+from billing.lock_objects import customer_locked, customer_qs_select_for_update
 from billing.models import Customer, Invoice, LedgerEntry
-from billing.representations import ledger_entry_data
 from billing.services.catalog import billing_now
 from hardcount.errors import InvalidRequestError, NotFoundError
 from hardcount.money import MAX_AMOUNT, normalize_currency
-from outbox.services import emit_event
 
-
-def lock_customer(customer_id: str) -> Customer:
-    """``SELECT … FOR UPDATE`` the customer (inside the caller's transaction)."""
-    return Customer.objects.select_for_update().get(pk=customer_id)
+# The former name of billing.lock_objects.customer_locked, for callers not switched to it yet.
+lock_customer = customer_locked
 
 
 def _append_locked(
@@ -166,7 +165,7 @@ def grant_credit(
         )
     with transaction.atomic():
         customer = (
-            Customer.objects.select_for_update().filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id).first()
+            customer_qs_select_for_update().filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id).first()
         )
         if customer is None:
             raise NotFoundError(f"No such customer: '{customer_id}'.", param="customer")
@@ -191,11 +190,5 @@ def grant_credit(
             at=at,
             description=description,
         )
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="customer.credit_granted",
-            data=ledger_entry_data(entry),
-            created_at=at,
-        )
+        ledger_entry_event(entry, "customer.credit_granted", created_at=at)
     return entry

@@ -17,8 +17,8 @@ a page at a time:
    ``invoice.finalized``, as SPEC §4 step 1 asks of each close.
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
 3. :func:`record_page`, one transaction: lock subscriptions, invoices, attempts and customers (the
-   order every billing writer uses), record each successful charge, mark its invoice paid, advance
-   its period, and emit ``invoice.paid`` and ``subscription.updated``.
+   order every billing writer uses, :mod:`billing.lock_objects`), record each successful charge,
+   mark its invoice paid, advance its period, and emit ``invoice.paid`` and ``subscription.updated``.
 
 Everything else goes back to the drain to close one by one with the full rules: a subscription
 that is not plain (cancelling at period end, ``past_due``, an invoice already there, tax pending,
@@ -36,14 +36,20 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Q
-from django.db.models.functions import Now
 
 from billing import gateway as gw
+from billing.events import invoice_event, subscription_event
+from billing.lock_objects import (
+    customer_qs_select_for_update,
+    invoice_qs_select_for_update,
+    locked_by_id,
+    payment_attempt_qs_select_for_update,
+    subscription_qs_select_for_update,
+)
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
-from billing.queries import next_invoice_number
-from billing.representations import invoice_data, subscription_data
+from billing.queries import due_condition, next_invoice_number
+from billing.representations import invoice_data
 from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
 from billing.services.ledger import record_balance_applied_locked, set_balance_applied
 from billing.services.payments import (
@@ -65,7 +71,7 @@ from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
 from hardcount.times import database_now
 from outbox import services as outbox_services
-from outbox.services import emit_event
+from outbox.services import emit_for
 
 # Statuses a plain close starts from: paying never changes a past_due subscription's dunning here.
 PLAIN_STATUSES = (Subscription.TRIALING, Subscription.ACTIVE)
@@ -122,12 +128,7 @@ def prepare_page(
                 )
         taken = _periods_invoiced(bounds)
         plain = [sub for sub in subs if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken]
-        customers = {
-            c.id: c
-            for c in Customer.objects.select_for_update()
-            .filter(pk__in=sorted({sub.customer_id for sub in plain}))
-            .order_by("id")
-        }
+        customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
         drafts = []
         for sub in plain:
             customer = customers[sub.customer_id]
@@ -150,8 +151,8 @@ def prepare_page(
         invoices, lines, attempts = [], [], []
         for (sub, customer, invoice, line, created), number in zip(drafts, numbers, strict=True):
             mark_finalized(invoice, number=number, now=now)
-            for type_, data in (("invoice.created", created), ("invoice.finalized", invoice_data(invoice, [line]))):
-                emit_event(tenant_id=sub.tenant_id, livemode=sub.livemode, type=type_, data=data, created_at=now)
+            emit_for(invoice, "invoice.created", created, created_at=now)
+            invoice_event(invoice, "invoice.finalized", lines=[line], created_at=now)
             attempt = new_attempt(invoice, customer, number=1, now=wall_now)
             invoices.append(invoice)
             lines.append(line)
@@ -167,24 +168,15 @@ def prepare_page(
 def _lock_due(periods: dict[str, int], *, as_of: datetime | None, test_clock_id: str | None) -> list[Subscription]:
     """Lock the subscriptions of ``periods`` still due for their claimed period, with their prices.
 
-    The predicate of :func:`billing.queries.lock_due_subscription`, for a page: same period index,
-    billable, same clock, due by ``as_of`` (the DB's now() when None), not waiting or parked.
-    ``SKIP LOCKED``: one another transaction holds is being closed elsewhere (the per-close path
-    then skips it). In id order.
+    The re-check of :func:`billing.queries.lock_due_subscription`, for a page: due by the same
+    :func:`billing.queries.due_predicate` (on ``test_clock_id``'s clock, by ``as_of``), then the
+    same period index. ``SKIP LOCKED``: one another transaction holds is being closed elsewhere
+    (the per-close path then skips it). In id order.
     """
-    due = Q(next_billing_at__lte=as_of) if as_of is not None else Q(next_billing_at__lte=Now())
     subs = (
-        Subscription.objects.select_for_update(skip_locked=True, of=("self",))
+        subscription_qs_select_for_update(skip_locked=True)
         .select_related("price")
-        .filter(
-            due,
-            Q(next_billing_attempt_at__isnull=True) | Q(next_billing_attempt_at__lte=Now()),
-            pk__in=sorted(periods),
-            status__in=Subscription.BILLABLE_STATUSES,
-            test_clock_id=test_clock_id,
-            billing_parked_at__isnull=True,
-        )
-        .order_by("id")
+        .filter(due_condition(test_clock_id=test_clock_id, as_of=as_of), pk__in=sorted(periods))
     )
     return [sub for sub in subs if sub.periods_billed == periods[sub.id]]
 
@@ -244,12 +236,14 @@ def record_page(
     outcomes: dict[str, Outcome] = {}
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
-        subs = _locked(
-            Subscription.objects.select_related("price"), [p.plan.subscription_id for p, _ in succeeded], of=("self",)
+        subs = locked_by_id(
+            subscription_qs_select_for_update().select_related("price"), [p.plan.subscription_id for p, _ in succeeded]
         )
-        invoices = _locked(Invoice.objects, [p.plan.invoice_id for p, _ in succeeded])
-        attempts = _locked(PaymentAttempt.objects, [p.plan.attempt_id for p, _ in succeeded])
-        customers = _locked(Customer.objects, [invoice.customer_id for invoice in invoices.values()])
+        invoices = locked_by_id(invoice_qs_select_for_update(), [p.plan.invoice_id for p, _ in succeeded])
+        attempts = locked_by_id(payment_attempt_qs_select_for_update(), [p.plan.attempt_id for p, _ in succeeded])
+        customers = locked_by_id(
+            customer_qs_select_for_update(), [invoice.customer_id for invoice in invoices.values()]
+        )
         now = billing_time(test_clock_id, as_of)
         completed_at = now if test_clock_id is None and as_of is None else database_now()
         changed_customers: dict[str, Customer] = {}
@@ -277,30 +271,18 @@ def record_page(
             if result.payment_intent_id and not invoice.payment_intent_id:
                 invoice.payment_intent_id = result.payment_intent_id
             mark_paid(invoice, now=now)
-            emit_event(
-                tenant_id=invoice.tenant_id,
-                livemode=invoice.livemode,
-                type="invoice.paid",
-                data=invoice_data(invoice, lines=prepared.lines),
-                created_at=now,
-            )
+            invoice_event(invoice, "invoice.paid", lines=prepared.lines, created_at=now)
             if paid_changes(sub, invoice, other_open_invoices=False):
                 changed_subs.append(sub)
-                emit_event(
-                    tenant_id=sub.tenant_id,
-                    livemode=sub.livemode,
-                    type="subscription.updated",
-                    data=subscription_data(sub),
-                    created_at=now,
-                )
-            outcome = outcomes[sub.id] = Outcome("billed", invoice.id)
+                subscription_event(sub, "subscription.updated", created_at=now)
+            outcome = outcomes[sub.id] = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
             if run is not None:
                 rows.append(
                     BillingAttempt(
                         run=run,
                         subscription_id=sub.id,
                         invoice_id=invoice.id,
-                        outcome=BillingAttempt.BILLED,
+                        outcome=outcome.kind,
                         created_at=now,
                     )
                 )
@@ -314,9 +296,3 @@ def record_page(
             for invoice, attempt, outcome in recorded:
                 hooks.during_record(invoice, attempt, outcome)
     return outcomes, others
-
-
-def _locked(queryset, ids: list[str], of: tuple[str, ...] = ()) -> dict:
-    """``SELECT … FOR UPDATE [OF …]`` the rows of ``ids`` in id order (one lock order for every page close); by id."""
-    rows = queryset.select_for_update(of=of).filter(pk__in=sorted(set(ids))).order_by("pk")
-    return {row.pk: row for row in rows}
