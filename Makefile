@@ -19,25 +19,27 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 venv: $(STAMP)
 
-# serve starts localstripe, the demo tenant, a webhook receiver and gunicorn (with the scheduler) on
-# 127.0.0.1:8000 (HARDCOUNT_PORT changes it), prints the keys and URLs, and stops it all on Ctrl-C or SIGTERM.
+# serve (devstack/management/commands/serve.py) starts localstripe, the demo tenant, a webhook receiver and
+# gunicorn (with the scheduler) on 127.0.0.1:8000 (HARDCOUNT_PORT changes it), prints the keys and URLs, and
+# stops it all on Ctrl-C or SIGTERM. The devstack app is on here whatever the environment says.
 run: $(STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
-	$(PY) manage.py serve
+	HARDCOUNT_DEVSTACK=1 $(PY) manage.py serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-# Everything, as CI runs it; the 25 slowest tests are listed at the end.
+# Everything, as CI runs it; the 25 slowest tests are listed at the end. The tests use the development
+# stack (seed_demo, serve, localstripe): the devstack app must be installed.
 test: lint
-	$(VENV)/bin/pytest --durations=25
+	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest --durations=25
 
 # The inner loop at the keyboard: lint and every test except the process-level (system) and slow ones.
 test-quick: lint
-	$(VENV)/bin/pytest -m "not system and not slow" --durations=10
+	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest -m "not system and not slow" --durations=10
 
 fuzz: $(STAMP)
 	$(VENV)/bin/pytest tests/api/test_fuzz_api.py -v

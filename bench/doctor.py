@@ -301,7 +301,7 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from hardcount import doctor
+    from ops import doctor
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)

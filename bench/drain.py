@@ -4,7 +4,7 @@
     .venv/bin/python bench/drain.py --subscriptions 2000 --latency-subscriptions 200   # a quick run (~3 min)
     .venv/bin/python bench/drain.py --modes a --concurrency 8 --profile a:8           # where the time goes
 
-Each figure bills a fresh copy of the same book: ``seed_demo`` (billing/seed.py) with
+Each figure bills a fresh copy of the same book: ``seed_demo`` (devstack/seed.py) with
 ``--subscriptions`` subscriptions and ``--seed``, seeded once into a template database on the
 embedded PostgreSQL (or ``DATABASE_URL``'s server) and cloned with ``CREATE DATABASE … TEMPLATE``
 before each run, so every run starts from the same rows. About 92% of the book is due (the
@@ -14,7 +14,7 @@ Figures, each at ``HARDCOUNT_BILLING_CONCURRENCY`` 1 and 8 (``--concurrency``), 
 (``drain_due``, every tenant, test mode, page size 100) per figure:
 
 - (a) an instant gateway stub inside the process (no HTTP: the drain's own cost);
-- (b) the real ``stripe`` library to localstripe (``python -m billing.devstripe``, restarted
+- (b) the real ``stripe`` library to localstripe (``python -m devstack.devstripe``, restarted
   for each run); the first charge of a customer is three requests (customer, attach,
   PaymentIntent), as in production;
 - (c) the stub with 200 ms of latency per charge (``--latency-ms``), on a book of
@@ -106,7 +106,7 @@ def _clone(template: str, name: str) -> None:
 
 def _make_book(name: str, subscriptions: int, seed: int) -> tuple[int, float]:
     """Clone the migrated empty database into ``name`` and seed the demo book there; (due, seconds to seed)."""
-    from billing.seed import seed_demo_book
+    from devstack.seed import seed_demo_book
     from hardcount.models import Tenant
 
     _clone(EMPTY_DB, name)
@@ -223,7 +223,7 @@ class StubGateway:
 
     def charge(self, req):
         from billing import gateway as gw
-        from billing.seed import CARD_DECLINES, CARD_UNKNOWN_PREFIX
+        from devstack.seed import CARD_DECLINES, CARD_UNKNOWN_PREFIX
 
         if self.latency_s:
             time.sleep(self.latency_s)
@@ -243,7 +243,7 @@ class StubGateway:
 
 
 class LocalStripe:
-    """``python -m billing.devstripe`` (in-memory, with the gateway's fixes) on a free port."""
+    """``python -m devstack.devstripe`` (in-memory, with the gateway's fixes) on a free port."""
 
     def __init__(self):
         from tests.billing.conftest import _wait_for
@@ -252,7 +252,7 @@ class LocalStripe:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.child = subprocess.Popen(
-            [sys.executable, "-m", "billing.devstripe", "--port", str(self.port)],
+            [sys.executable, "-m", "devstack.devstripe", "--port", str(self.port)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -344,7 +344,7 @@ def _our_function(frame: str) -> str | None:
     # py-spy raw frames look like "function (path/to/file.py:123)"
     name, _, where = frame.partition(" (")
     path = where.rsplit(":", 1)[0]
-    for package in ("billing/", "outbox/", "dunning/", "hardcount/", "leases/"):
+    for package in ("billing/", "outbox/", "dunning/", "hardcount/", "leases/", "ops/", "devstack/"):
         marker = str(ROOT / package)
         if path.startswith(marker) or path.startswith(package):
             return f"{path.replace(str(ROOT) + '/', '')}:{name}"

@@ -1,11 +1,12 @@
-"""Health endpoints: ``/health/live`` and ``/health/ready`` (SPEC §3).
+"""Health endpoints: ``/health/live`` and ``/health/ready`` (docs/reference/roles-and-leases.md).
 
 ``/health/live`` answers 200 whenever the process serves requests. ``/health/ready``
 answers 200 when the database answers and 503 when it does not; its body lists every
 scheduler role with its lease holder, fencing token, last stamp and whether it is stale
 (stamp older than 2 × the role's interval). Staleness is reported in the body (and the
 metrics) only: a stale role does not make the replica unready, since another replica
-may be the one that should run it.
+may be the one that should run it. Lease rows are read through the registered lease store
+(:func:`hardcount.scheduler.leadership.lease_store`): the kernel imports no app.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
 from hardcount.metrics import role_intervals
-from leases.services import LeaseStatus, lease_statuses
+from hardcount.scheduler.leadership import LeaseStatus, lease_store
 
 STALE_AFTER_INTERVALS = 2
 
@@ -61,7 +62,7 @@ def ready(request):
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL statement_timeout = '2s'")
-            leases = {lease.role: lease for lease in lease_statuses()}
+            leases = {lease.role: lease for lease in lease_store().lease_statuses()}
             with connection.cursor() as cursor:
                 cursor.execute("SELECT now()")
                 db_now = cursor.fetchone()[0]

@@ -54,7 +54,16 @@ INSTALLED_APPS = [
     "billing",
     "dunning",
     "outbox",
+    "ops",
 ]
+
+# The development stack (``manage.py serve`` behind ``make run``, ``manage.py seed_demo``, the demo
+# credentials, localstripe): the devstack app, installed unless HARDCOUNT_DEVSTACK is off. On by
+# default, so development and the tests have it; production sets HARDCOUNT_DEVSTACK=0 (the
+# Procfile does) and has none of those commands (docs/decisions/0121-kernel-ops-and-devstack.md).
+HARDCOUNT_DEVSTACK = _env_bool("HARDCOUNT_DEVSTACK", True)
+if HARDCOUNT_DEVSTACK:
+    INSTALLED_APPS.append("devstack")
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",

@@ -1,7 +1,8 @@
-"""Leader-lease operations (SPEC §3) and :class:`LeaseFence`, a held lease with its heartbeat thread.
+"""Leader-lease operations (docs/reference/roles-and-leases.md) and :class:`LeaseFence`, a held lease and its heartbeat.
 
 The functions run one statement of :mod:`leases.queries` each on the calling thread's
-Django connection. :func:`try_acquire` is what the scheduler calls: it returns a
+Django connection. :func:`try_acquire` is what the scheduler calls (through
+:class:`leases.leadership.DatabaseLeaseStore`, the kernel's lease store): it returns a
 :class:`LeaseFence` — the lease, held — which the role's code receives as its
 :class:`~hardcount.fencing.Fence`.
 
@@ -23,13 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 
 from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
+from hardcount.scheduler.leadership import LeaseStatus
 from leases import queries
 
 logger = logging.getLogger("hardcount.leases")
@@ -136,26 +137,8 @@ def seconds_until_due(role: str, interval_s: float) -> float:
     return 0.0 if row is None else float(row[0])
 
 
-@dataclass(frozen=True)
-class LeaseStatus:
-    """One lease row as /health/ready and /metrics show it (times are the database's)."""
-
-    role: str
-    holder: str | None
-    token: int
-    acquired_at: datetime | None
-    heartbeat_at: datetime | None
-    expires_at: datetime | None
-    held: bool
-    last_stamp_at: datetime | None
-    last_stamp_holder: str
-    last_tick_at: datetime | None
-    stamp_age_s: float | None
-    db_now: datetime
-
-
 def lease_statuses() -> list[LeaseStatus]:
-    """Every lease row, ordered by role."""
+    """Every lease row, ordered by role (the kernel's :class:`~hardcount.scheduler.leadership.LeaseStatus`)."""
     with connection.cursor() as cursor:
         cursor.execute(queries.STATUS)
         return [LeaseStatus(*row) for row in cursor.fetchall()]

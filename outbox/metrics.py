@@ -1,15 +1,54 @@
-"""Prometheus metrics the outbox itself updates (SPEC §8).
+"""Prometheus metrics of the outbox (docs/reference/metrics.md).
 
 ``hardcount_outbox_delivery_attempts_total{outcome}`` counts attempt rows as the executor
 writes them, in the process that runs the executor. The backlog gauge
-(``hardcount_outbox_deliveries_due_backlog``) describes the database and is computed at
-scrape time from :func:`outbox.services.due_backlog`.
+(``hardcount_outbox_deliveries_due_backlog``) describes the database: :class:`OutboxMetrics`,
+the provider outbox registers with the kernel's collector (:func:`hardcount.metrics.register_metrics`,
+from ``OutboxConfig.ready()``), computes it at scrape time with :data:`DELIVERY_BACKLOG`
+(docs/decisions/0021, 0121).
 """
 
+from django.db import connection
 from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 DELIVERY_ATTEMPTS = Counter(
     "hardcount_outbox_delivery_attempts",
     "Webhook delivery attempts recorded, by outcome (succeeded, failed, retryable, lease_lost, canceled).",
     ["outcome"],
 )
+
+# Deliveries the executors could claim now (the claim predicate of docs/reference/webhooks.md), not yet claimed.
+DELIVERY_BACKLOG = """
+SELECT count(*) FROM outbox_delivery
+WHERE status IN ('pending', 'retrying') AND fire_after <= now()
+  AND (claim_expires_at IS NULL OR claim_expires_at < now())
+"""
+
+
+def delivery_backlog() -> int:
+    """Deliveries due now and not claimed (:data:`DELIVERY_BACKLOG`), on the caller's connection."""
+    with connection.cursor() as cursor:
+        cursor.execute(DELIVERY_BACKLOG)
+        return cursor.fetchone()[0]
+
+
+class OutboxMetrics:
+    """The outbox family of a scrape: the delivery backlog."""
+
+    def describe(self) -> list[Metric]:
+        """The family, empty: touches no database."""
+        return [self._backlog()]
+
+    def collect(self) -> list[Metric]:
+        """The family filled from the database (one statement on the caller's connection and transaction)."""
+        backlog = self._backlog()
+        backlog.add_metric([], delivery_backlog())
+        return [backlog]
+
+    @staticmethod
+    def _backlog() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "hardcount_outbox_deliveries_due_backlog",
+            "Webhook deliveries due now and not claimed by an executor.",
+        )

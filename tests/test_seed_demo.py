@@ -10,9 +10,9 @@ from django.core.management import CommandError, call_command
 
 from billing.models import Customer, LedgerEntry, Subscription
 from billing.periods import period_start
-from billing.seed import CARD_DECLINES, CARD_OK, CARD_UNKNOWN_PREFIX, FAILING_WEBHOOK_URL
-from hardcount import doctor
+from devstack.seed import CARD_DECLINES, CARD_OK, CARD_UNKNOWN_PREFIX, FAILING_WEBHOOK_URL
 from hardcount.models import Tenant
+from ops import doctor
 from outbox.models import Delivery, Event, WebhookEndpoint
 
 # March 1st: the 29th-31st anchors fall in January, and February clamps their next period to the 28th.

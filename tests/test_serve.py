@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import stripe
 
-from hardcount import demo
-from hardcount.devstack import WebhookReceiver, signature_verdict, start_localstripe
+from devstack import demo
+from devstack.management.commands.serve import DEV_STRIPE_KEY, wants_localstripe
+from devstack.stack import WebhookReceiver, signature_verdict, start_localstripe
 from hardcount.embedded_db import _MAX_SOCKET_PATH, _socket_dir
-from hardcount.management.commands.serve import DEV_STRIPE_KEY, wants_localstripe
 from hardcount.models import ApiKey, hash_api_key
 from outbox.signing import sign
 

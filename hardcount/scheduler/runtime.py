@@ -5,7 +5,8 @@
 ``hardcount/gunicorn.conf.py``, which calls :func:`start_process_runtime` and
 :func:`stop_process_runtime`). Every runtime has its own holder id
 (``hostname:pid:random``), so two runtimes — two processes, or two in one test process —
-compete for leases like two replicas.
+compete for leases like two replicas. The leases come from the registered lease store
+(:mod:`hardcount.scheduler.leadership`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import weakref
 from collections.abc import Iterable, Sequence
 
 from hardcount.logfmt import logfmt
+from hardcount.scheduler.leadership import lease_store
 from hardcount.scheduler.registry import Role, Service, configured_roles, configured_services
 from hardcount.scheduler.ticker import Ticker
-from leases.services import new_holder_id
 
 logger = logging.getLogger("hardcount.scheduler")
 
@@ -44,7 +45,7 @@ class Runtime:
         holder: str | None = None,
         poll_s: float | None = None,
     ) -> None:
-        self.holder = holder or new_holder_id()
+        self.holder = holder or lease_store().new_holder_id()
         self.roles = list(configured_roles() if roles is None else roles)
         self.services = list(configured_services() if services is None else services)
         self.tickers = [Ticker(role, self.holder, poll_s=poll_s) for role in self.roles]

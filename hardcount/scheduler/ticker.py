@@ -2,7 +2,8 @@
 
 A follower looks at the lease every ``HARDCOUNT_LEASE_POLL_S`` (0.5 s, jittered) with a
 lock-free read and tries to take it when free or expired. A leader heartbeats from a
-separate thread (see :class:`leases.services.LeaseFence`) and ticks when the role is due:
+separate thread (see :class:`~hardcount.scheduler.leadership.HeldLease`; the ``leases`` app's
+store implements it) and ticks when the role is due:
 the last completed tick (in the database) plus the role's interval, so a new leader keeps
 its predecessor's cadence and resumes an interrupted tick at once. Between ticks it waits
 in short, interruptible steps, re-checking ``alive()``; when the lease is lost, abandoned
@@ -22,8 +23,8 @@ from django.db import DatabaseError, connection, connections
 
 from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
+from hardcount.scheduler.leadership import HeldLease, lease_store
 from hardcount.scheduler.registry import Role, TickContext, TickFailed
-from leases import services as leases
 
 logger = logging.getLogger("hardcount.scheduler")
 
@@ -52,7 +53,7 @@ class Ticker:
         self.poll_s = settings.HARDCOUNT_LEASE_POLL_S if poll_s is None else poll_s
         self._clock = clock
         self._stop = threading.Event()
-        self._lease: leases.LeaseFence | None = None
+        self._lease: HeldLease | None = None
         self._lease_lock = threading.Lock()
         self.ticks_completed = 0
         self.thread = threading.Thread(target=self._run, name=f"scheduler-{role.name}", daemon=True)
@@ -94,7 +95,7 @@ class Ticker:
             while not self._stop.is_set():
                 connection.close_if_unusable_or_obsolete()
                 try:
-                    lease = leases.try_acquire(name, self.holder, clock=self._clock)
+                    lease = lease_store().try_acquire(name, self.holder, clock=self._clock)
                 except DatabaseError as exc:
                     logger.warning(logfmt("acquire_failed", role=name, error=type(exc).__name__, detail=str(exc)[:200]))
                     connection.close()
@@ -109,7 +110,7 @@ class Ticker:
             connections.close_all()
             logger.info(logfmt("ticker_stopped", role=name, holder=self.holder))
 
-    def _lead(self, lease: leases.LeaseFence) -> None:
+    def _lead(self, lease: HeldLease) -> None:
         name = self.role.name
         with self._lease_lock:
             self._lease = lease
@@ -118,7 +119,7 @@ class Ticker:
         lease.start_heartbeat()
         logger.info(logfmt("lease_acquired", role=name, token=lease.token, holder=self.holder))
         try:
-            deadline = self._clock() + leases.seconds_until_due(name, self.role.interval_s)
+            deadline = self._clock() + lease_store().seconds_until_due(name, self.role.interval_s)
             while lease.alive():
                 remaining = deadline - self._clock()
                 if remaining > 0:
@@ -137,7 +138,7 @@ class Ticker:
             released = lease.close(release_lease=True)
             logger.info(logfmt("lease_released", role=name, token=lease.token, released=released, reason=reason))
 
-    def _tick(self, lease: leases.LeaseFence) -> bool:
+    def _tick(self, lease: HeldLease) -> bool:
         """Run one tick; False when it failed (retried sooner than the interval)."""
         name = self.role.name
         ctx = TickContext(role=name, holder=self.holder, token=lease.token, fence=lease, stamp=lease.stamp)

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 
 from dunning.models import DunningRun
-from hardcount.admin_dashboard import dashboard, format_age
 from leases.models import LeaderLease
+from ops.dashboard import dashboard, format_age
 from outbox.models import Delivery
 from tests.admin import rows
 from tests.outbox.conftest import emit, make_endpoint
@@ -89,7 +89,7 @@ def test_admin_index_renders_the_dashboard_with_links_to_the_lists_behind_it(tro
 
 
 def test_dashboard_reports_a_database_error_instead_of_failing_the_page(operator, monkeypatch):
-    from hardcount import metrics
+    from outbox import metrics
 
     monkeypatch.setattr(metrics, "DELIVERY_BACKLOG", "SELECT count(*) FROM no_such_table")
 

@@ -1,6 +1,6 @@
 """Billing fixtures: localstripe (a child process) behind the fault-injecting proxy, and a small book.
 
-localstripe runs once per session on a free port (``python -m billing.devstripe``); every test
+localstripe runs once per session on a free port (``python -m devstack.devstripe``); every test
 talks to it through :class:`tests.stripe_proxy.StripeProxy`, whose faults are cleared before
 each test. Drain tests use ``transactional_db``: the drain's parallel closes run on their own
 threads and connections, so they must see committed rows.
@@ -53,7 +53,7 @@ def localstripe_base():
     """``http://127.0.0.1:<port>`` of a fresh, in-memory localstripe for this session."""
     port = _free_port()
     child = subprocess.Popen(
-        [sys.executable, "-m", "billing.devstripe", "--port", str(port)],
+        [sys.executable, "-m", "devstack.devstripe", "--port", str(port)],
         cwd=ROOT,
         env=dict(os.environ),
         stdout=subprocess.DEVNULL,
@@ -202,7 +202,7 @@ def book(request, transactional_db, stripe_proxy, make_card):
     yield Book(make_card)
     if "no_doctor" in request.fixturenames:
         return
-    from hardcount.doctor import run_checks
+    from ops.doctor import run_checks
 
     failures = [(r.name, r.examples) for r in run_checks() if r.status not in ("ok", "not checked")]
     assert failures == [], failures

@@ -26,9 +26,9 @@ from billing.models import (
     Price,
     Subscription,
 )
-from billing.seed import seed_demo_book
 from billing.services import page as page_module
 from billing.services.drain import drain_due
+from devstack.seed import seed_demo_book
 from dunning.models import DunningRun
 from hardcount.times import database_now
 from outbox.models import Delivery, Event, WebhookEndpoint

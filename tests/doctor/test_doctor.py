@@ -34,9 +34,9 @@ from billing.models import (
     TestClock,
 )
 from dunning.models import DunningRun
-from hardcount import doctor
 from hardcount.models import Tenant
 from leases.models import LeaderLease
+from ops import doctor
 from outbox.models import Delivery, DeliveryAttempt, Event, WebhookEndpoint
 from tests.doctor.world import Book, build_world, id_at, wipe
 

@@ -22,9 +22,9 @@ from billing.services import close as close_module
 from billing.services.catalog import create_customer, create_price, create_subscription
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
-from hardcount import doctor
 from hardcount.models import Tenant
 from hardcount.times import database_now
+from ops import doctor
 from outbox.services import create_webhook_endpoint
 from tests.billing.conftest import (  # noqa: F401  (fixtures of the localstripe proxy, used by name)
     DECLINING_CARD,

@@ -23,7 +23,7 @@ stripe_client = billing_fixtures.stripe_client
 make_card = billing_fixtures.make_card
 book = billing_fixtures.book
 tenant = billing_fixtures.tenant
-STOLEN_CARD = "4000000000009979"  # declined with decline_code stolen_card (billing.devstripe fix 3)
+STOLEN_CARD = "4000000000009979"  # declined with decline_code stolen_card (devstack.devstripe fix 3)
 DAY = timedelta(days=1)
 MINUTE = timedelta(minutes=1)
 
@@ -73,7 +73,7 @@ def charges_sent(proxy) -> list:
 
 def doctor_failures() -> list[str]:
     """Names and examples of the money-invariant checks that fail right now (``manage.py doctor``)."""
-    from hardcount.doctor import run_checks
+    from ops.doctor import run_checks
 
     return [f"{r.name}: {r.examples}" for r in run_checks() if r.status != "ok"]
 

@@ -203,7 +203,7 @@ OUTBOX_CHECKS = [
 
 def assert_outbox_invariants() -> None:
     """``manage.py doctor``'s outbox checks find nothing wrong."""
-    from hardcount.doctor import run_checks
+    from ops.doctor import run_checks
 
     results = run_checks(names=OUTBOX_CHECKS)
     failing = {r.name: (r.status, r.examples, r.note) for r in results if r.status != "ok"}

@@ -390,7 +390,7 @@ def audit_book(seeded: SeededBook, proxy, *, expect_final_states: bool = True) -
 
 def doctor_violations() -> dict[str, tuple[int, list[str]]]:
     """Failing checks of the money-invariant sweep (``manage.py doctor``) → (violations, examples)."""
-    from hardcount import doctor
+    from ops import doctor
 
     return {
         r.name: (r.violations, r.examples or [r.note])
@@ -412,7 +412,7 @@ def assert_gateway_agrees() -> str:
     """The doctor's gateway comparison (``doctor --gateway``): localstripe itself, not the proxy's log,
     agrees with the books — every paid invoice's PaymentIntent succeeded for its amount, no unpaid
     invoice was charged, no invoice has two succeeded PaymentIntents. Returns its note."""
-    from hardcount import doctor
+    from ops import doctor
 
     result = doctor.check_gateway(max_examples=10)
     assert result.status == doctor.OK, f"{result.status}: {result.examples} {result.note}"

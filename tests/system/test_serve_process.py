@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from hardcount.devstack import bind_local_port
+from devstack.stack import bind_local_port
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 

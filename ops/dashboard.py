@@ -4,8 +4,10 @@ Per mode: subscriptions due now and how long the oldest has been due, subscripti
 the retry ladder and parked, dunning runs in progress; the webhook delivery backlog; and each
 scheduler role's leader, fencing token and tick age (stale past 2 × its interval, as
 ``/health/ready`` says). The numbers come from the same SQL as the metrics
-(:mod:`hardcount.metrics`, decision record 0021) in one short read-only transaction, so the
-dashboard and Prometheus never disagree. Each link opens the admin list behind a number.
+(:mod:`billing.metrics`, :mod:`outbox.metrics`, decision record 0021) in one short read-only
+transaction, so the dashboard and Prometheus never disagree. Each link opens the admin list
+behind a number. The admin index shows it through ``ops/templates/ops/admin_index.html``
+(set as the admin site's index template in :mod:`ops.admin`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connection, transaction
 
-from hardcount import metrics
+from billing import metrics as billing_metrics
 from hardcount.health import role_health
 from hardcount.logfmt import logfmt
+from hardcount.metrics import role_intervals
 from leases.services import lease_statuses
+from outbox import metrics as outbox_metrics
 
 logger = logging.getLogger("hardcount.admin")
 
@@ -78,22 +82,22 @@ def dashboard() -> Dashboard:
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL statement_timeout = '5s'")
-            due = {row[0]: row[1:] for row in _rows(metrics.DUE_SUBSCRIPTIONS)}
-            failing = {row[0]: row[1:] for row in _rows(metrics.FAILING_SUBSCRIPTIONS)}
+            due = {row[0]: row[1:] for row in _rows(billing_metrics.DUE_SUBSCRIPTIONS)}
+            failing = {row[0]: row[1:] for row in _rows(billing_metrics.FAILING_SUBSCRIPTIONS)}
             dunning = dict(_rows(DUNNING_IN_PROGRESS))
-            backlog = _rows(metrics.DELIVERY_BACKLOG)[0][0]
+            backlog = _rows(outbox_metrics.DELIVERY_BACKLOG)[0][0]
             leases = {lease.role: lease for lease in lease_statuses()}
     except DatabaseError as exc:
         logger.warning(logfmt("admin_dashboard_db_error", error=type(exc).__name__, detail=str(exc)[:200]))
         return Dashboard(error=f"The database did not answer ({type(exc).__name__}).")
 
     modes = []
-    for livemode, mode in metrics.MODES.items():
+    for livemode, mode in billing_metrics.MODES.items():
         count, oldest_age_s = due.get(livemode, (0, 0.0))
         waiting, parked = failing.get(livemode, (0, 0))
         modes.append(ModeFigures(mode, count, oldest_age_s, waiting, parked, dunning.get(livemode, 0)))
 
-    intervals = metrics.role_intervals()
+    intervals = role_intervals()
     roles = []
     for name in sorted({*intervals, *leases}):
         health = role_health(leases.get(name), intervals.get(name))

@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import Count, Q
 
 from billing.models import BillingAttempt, BillingRun, Invoice, Subscription
-from billing.seed import seed_demo_book
+from devstack.seed import seed_demo_book
 from hardcount.times import database_now
 from outbox.models import Delivery
 

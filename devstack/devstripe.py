@@ -15,8 +15,8 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways t
 
 :func:`apply_localstripe_fixes` patches localstripe's classes in the process that serves it so
 it behaves as Stripe does in those two respects. :func:`main` serves an in-memory localstripe
-(no pickling to ``/tmp``) on a port: ``python -m billing.devstripe --port 8420``. The test
-suite starts it this way; ``hardcount.devstack`` may call :func:`apply_localstripe_fixes` too.
+(no pickling to ``/tmp``) on a port: ``python -m devstack.devstripe --port 8420``. The test
+suite starts it this way; ``devstack.stack`` may call :func:`apply_localstripe_fixes` too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python manage.py doctor``: the read-only money-invariant sweep (see :mod:`hardcount.doctor`).
+"""``python manage.py doctor``: the read-only money-invariant sweep (see :mod:`ops.doctor`).
 
 Prints a table of checks (name, status, violations, a few example ids) and exits with status
 0 when every check passes, 1 when any check finds a violation, 2 when a check could not run
@@ -14,7 +14,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from hardcount import doctor
+from ops import doctor
 
 
 class Command(BaseCommand):

@@ -2,14 +2,14 @@
 
 from django import template
 
-from hardcount.admin_dashboard import Dashboard, dashboard, format_age
+from ops.dashboard import Dashboard, dashboard, format_age
 
 register = template.Library()
 
 
 @register.simple_tag
 def billing_dashboard() -> Dashboard:
-    """The dashboard's figures, read when the admin index renders (see :func:`hardcount.admin_dashboard.dashboard`)."""
+    """The dashboard's figures, read when the admin index renders (see :func:`ops.dashboard.dashboard`)."""
     return dashboard()
 
 

@@ -8,7 +8,7 @@ process does not load the settings (which would start the embedded database).
   only ``serve``, which then stops its children in order) that is sent SIGTERM if ``serve``
   dies without stopping it (Linux ``PR_SET_PDEATHSIG``).
 - :func:`start_localstripe` runs ``localstripe`` on a port the parent has already bound
-  (no race for a "free" port), with the gateway's fixes (``billing.devstripe``), and keeps
+  (no race for a "free" port), with the gateway's fixes (``devstack.devstripe``), and keeps
   its store in a file of our choosing: upstream localstripe pickles every write to
   ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
@@ -180,7 +180,7 @@ def start_localstripe(
             [
                 sys.executable,
                 "-m",
-                "hardcount.devstack",
+                "devstack.stack",
                 "localstripe",
                 "--fd",
                 str(sock.fileno()),
@@ -219,7 +219,7 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
     from localstripe import resources
 
     try:
-        from billing.devstripe import _index_store_by_type, apply_localstripe_fixes
+        from devstack.devstripe import _index_store_by_type, apply_localstripe_fixes
     except ImportError:  # the gateway's localstripe fixes are optional here
         pass
     else:
@@ -410,7 +410,7 @@ class WebhookReceiver:
 def _main(argv: list[str]) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hardcount.devstack")
+    parser = argparse.ArgumentParser(prog="python -m devstack.stack")
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("localstripe", help="serve localstripe on an inherited socket")
     ls.add_argument("--fd", type=int, required=True)

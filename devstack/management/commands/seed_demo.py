@@ -1,4 +1,4 @@
-"""``python manage.py seed_demo [--subscriptions N] [--seed N] [--tenant NAME]``: the demo book (billing/seed.py).
+"""``python manage.py seed_demo [--subscriptions N] [--seed N] [--tenant NAME]``: the demo book (devstack/seed.py).
 
 Without ``--tenant`` the book goes to ``make run``'s demo tenant (its keys kept in
 ``var/demo-keys.json``, created if missing), so the next ``make run`` serves and bills it. A
@@ -15,8 +15,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from billing.models import Subscription
-from billing.seed import FAILING_WEBHOOK_URL, seed_demo_book
-from hardcount import demo as demo_credentials
+from devstack import demo as demo_credentials
+from devstack.seed import FAILING_WEBHOOK_URL, seed_demo_book
 from hardcount.models import ApiKey, Tenant
 
 DEFAULT_SUBSCRIPTIONS = 20_000

@@ -6,7 +6,7 @@ It starts, in order:
    ``STRIPE_API_BASE`` is set, or ``STRIPE_API_KEY`` is a real key: then that gateway is used);
 2. the demo tenant with a test and a live key, and the admin's ``operator`` superuser, both
    reused across restarts (plaintext kept in ``var/``, development only: see
-   :mod:`hardcount.demo`);
+   :mod:`devstack.demo`);
 3. a local webhook receiver that logs each delivery and checks its signature;
 4. gunicorn with ``hardcount/gunicorn.conf.py`` on ``127.0.0.1:$HARDCOUNT_PORT`` (8000), with
    ``HARDCOUNT_RUN_SCHEDULER=1`` so the scheduler runtime runs in the web workers;
@@ -34,8 +34,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from hardcount import demo as demo_credentials
-from hardcount.devstack import (
+from devstack import demo as demo_credentials
+from devstack.stack import (
     ChildProcess,
     LocalStripe,
     WebhookReceiver,
@@ -143,10 +143,10 @@ class Command(BaseCommand):
         """Hook: runs once the API answers and before the banner is printed.
 
         Seeds the demo book on first start (``HARDCOUNT_DEMO_SUBSCRIPTIONS``, default 2,000;
-        :mod:`hardcount.demo_progress`), its working webhook endpoint being the local receiver,
+        :mod:`devstack.demo_progress`), its working webhook endpoint being the local receiver,
         which then logs only its first deliveries one by one (the progress line counts the rest).
         """
-        from hardcount.demo_progress import RECEIVER_LOG_FIRST, DemoWatch
+        from devstack.demo_progress import RECEIVER_LOG_FIRST, DemoWatch
 
         username, password = ctx.operator
         self._demo_watch = DemoWatch(

@@ -1,0 +1,135 @@
+"""billing's metrics on ``/metrics`` (docs/reference/metrics.md), computed from its tables at scrape time.
+
+:class:`BillingMetrics` is the provider billing registers with the kernel's collector
+(:func:`hardcount.metrics.register_metrics`, from ``BillingConfig.ready()``); the collector calls
+:meth:`BillingMetrics.collect` inside its scrape transaction (docs/decisions/0021, 0121). The
+operators' dashboard (:mod:`ops.dashboard`) reads the same statements, so the admin and
+Prometheus never disagree.
+
+- ``hardcount_billing_due_subscriptions{mode}``: wall-clock subscriptions due now, excluding waiting and parked ones.
+- ``hardcount_billing_oldest_due_age_seconds{mode}``: how long the oldest of them has been due (0 when none).
+- ``hardcount_billing_failing_subscriptions{mode,state}``: subscriptions with a saved billing failure,
+  ``state="waiting"`` (on the retry ladder) or ``"parked"``.
+- ``hardcount_billing_cycle_duration_seconds``: histogram of scheduler drains' durations (billing runs).
+- ``hardcount_billing_invoices_total{mode,outcome}``: subscriptions attempted by billing runs, by outcome
+  (``billed``, ``declined``, ``tax_pending``, ``failed``, ``skipped``).
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+MODES = {True: "live", False: "test"}
+# Buckets of the billing cycle histogram, in seconds (a drain of nothing is milliseconds; a
+# large book at the 1 h default interval may take many minutes).
+CYCLE_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
+
+# Wall-clock subscriptions due now, per mode, and the oldest due time's age. Same predicate
+# as the drain's due page (docs/reference/billing.md): billable status, not on a test clock, not
+# parked, not waiting on the retry ladder (next_billing_attempt_at in the future). Uses subscription_due_idx.
+DUE_SUBSCRIPTIONS = """
+SELECT livemode, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_billing_at)), 0)::float8
+FROM billing_subscription
+WHERE next_billing_at <= now()
+  AND status IN ('trialing', 'active', 'past_due')
+  AND test_clock_id IS NULL
+  AND billing_parked_at IS NULL
+  AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())
+GROUP BY livemode
+"""
+
+# Subscriptions with a saved billing failure, per mode: waiting on the ladder, or parked.
+FAILING_SUBSCRIPTIONS = """
+SELECT livemode,
+       count(*) FILTER (WHERE billing_parked_at IS NULL),
+       count(*) FILTER (WHERE billing_parked_at IS NOT NULL)
+FROM billing_subscription
+WHERE (next_billing_attempt_at IS NOT NULL OR billing_parked_at IS NOT NULL)
+  AND status IN ('trialing', 'active', 'past_due')
+GROUP BY livemode
+"""
+
+# Durations of finished scheduler drains, bucketed (cumulative counts, then count and sum).
+CYCLE_DURATIONS = """
+WITH runs AS (
+    SELECT EXTRACT(EPOCH FROM finished_at - started_at)::float8 AS d
+    FROM billing_billingrun WHERE trigger = 'scheduler' AND finished_at IS NOT NULL
+)
+SELECT {buckets}, count(*), COALESCE(sum(d), 0)::float8 FROM runs
+""".format(buckets=", ".join(f"count(*) FILTER (WHERE d <= {b})" for b in CYCLE_BUCKETS_S))
+
+# Billing attempts per mode and outcome: append-only history, so the counts only grow.
+BILLING_OUTCOMES = """
+SELECT r.livemode, a.outcome, count(*)
+FROM billing_billingattempt a JOIN billing_billingrun r ON r.id = a.run_id
+GROUP BY r.livemode, a.outcome
+"""
+
+
+def _rows(sql: str) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+
+class BillingMetrics:
+    """The billing families of a scrape: due, oldest due, failing, cycle durations, attempt outcomes."""
+
+    def describe(self) -> list[Metric]:
+        """The families, empty (names, help, labels): touches no database."""
+        return list(self._families().values())
+
+    def collect(self) -> list[Metric]:
+        """The families filled from the database (four statements on the caller's connection and transaction)."""
+        families = self._families()
+        due = {row[0]: row[1:] for row in _rows(DUE_SUBSCRIPTIONS)}
+        failing = {row[0]: row[1:] for row in _rows(FAILING_SUBSCRIPTIONS)}
+        cycle = _rows(CYCLE_DURATIONS)[0]
+        outcomes = _rows(BILLING_OUTCOMES)
+
+        for livemode, mode in MODES.items():
+            count, oldest_age_s = due.get(livemode, (0, 0.0))
+            families["due"].add_metric([mode], count)
+            families["oldest_due"].add_metric([mode], oldest_age_s)
+            waiting, parked = failing.get(livemode, (0, 0))
+            families["failing"].add_metric([mode, "waiting"], waiting)
+            families["failing"].add_metric([mode, "parked"], parked)
+
+        cumulative = cycle[: len(CYCLE_BUCKETS_S)]
+        total, total_s = cycle[len(CYCLE_BUCKETS_S)], cycle[len(CYCLE_BUCKETS_S) + 1]
+        buckets = [(repr(b), n) for b, n in zip(CYCLE_BUCKETS_S, cumulative, strict=True)] + [("+Inf", total)]
+        families["cycle"].add_metric([], buckets, total_s)
+
+        for livemode, outcome, count in outcomes:
+            families["outcomes"].add_metric([MODES[livemode], outcome], count)
+        return list(families.values())
+
+    @staticmethod
+    def _families() -> dict[str, Metric]:
+        return {
+            "due": GaugeMetricFamily(
+                "hardcount_billing_due_subscriptions",
+                "Wall-clock subscriptions due for billing now, excluding waiting and parked ones.",
+                labels=["mode"],
+            ),
+            "oldest_due": GaugeMetricFamily(
+                "hardcount_billing_oldest_due_age_seconds",
+                "How long the oldest due subscription has been due (0 when none is).",
+                labels=["mode"],
+            ),
+            "failing": GaugeMetricFamily(
+                "hardcount_billing_failing_subscriptions",
+                "Subscriptions with a saved billing failure: waiting on the retry ladder, or parked.",
+                labels=["mode", "state"],
+            ),
+            "cycle": HistogramMetricFamily(
+                "hardcount_billing_cycle_duration_seconds",
+                "Durations of the scheduler's billing drains (billing runs), in seconds.",
+            ),
+            "outcomes": CounterMetricFamily(
+                "hardcount_billing_invoices",
+                "Subscriptions attempted by billing runs, by outcome (billed, declined, tax_pending, failed, skipped).",
+                labels=["mode", "outcome"],
+            ),
+        }

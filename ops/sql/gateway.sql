@@ -1,0 +1,26 @@
+-- The doctor's gateway comparison (doctor --gateway): the rows it reads from the books and then compares with
+-- the gateway through the stripe library (docs/reference/billing.md). These are not violation queries:
+-- ops/doctor.py does the comparing.
+
+-- name: gateway_agrees_with_invoices
+-- The gateway agrees with the books: each paid invoice's PaymentIntent succeeded for its amount_due and currency; no
+-- PaymentIntent of an unpaid invoice succeeded; at the gateway, no invoice has two succeeded PaymentIntents and
+-- every succeeded one is its paid invoice's payment_intent_id.
+SELECT i.id, i.status, i.amount_due, i.currency, i.payment_intent_id,
+       coalesce((SELECT a.payment_intent_id FROM billing_paymentattempt a
+                 WHERE a.invoice_id = i.id AND a.outcome = 'succeeded' AND NOT a.settled_without_charge
+                   AND a.payment_intent_id <> '' LIMIT 1), '') AS charged_intent,
+       EXISTS (SELECT 1 FROM billing_paymentattempt a
+               WHERE a.invoice_id = i.id AND a.outcome = 'succeeded' AND a.settled_without_charge) AS settled
+FROM billing_invoice i
+WHERE i.payment_intent_id <> ''
+   OR EXISTS (SELECT 1 FROM billing_paymentattempt a WHERE a.invoice_id = i.id AND a.payment_intent_id <> '')
+ORDER BY i.id DESC;
+
+-- name: gateway_tenants
+-- The tenants this database holds: only their PaymentIntents at a shared gateway account are ours to judge.
+SELECT id FROM hardcount_tenant;
+
+-- name: gateway_invoices_by_id
+-- The status and PaymentIntent of the invoices a gateway listing names (parameter: a list of invoice ids).
+SELECT id, status, payment_intent_id FROM billing_invoice WHERE id = ANY(%s);
