@@ -20,35 +20,45 @@ from __future__ import annotations
 from django.db import connection
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from billing.models.subscriptions import BILLABLE_STATUSES
+from billing.queries import due_predicate
+
 MODES = {True: "live", False: "test"}
 # Buckets of the billing cycle histogram, in seconds (a drain of nothing is milliseconds; a
 # large book at the 1 h default interval may take many minutes).
 CYCLE_BUCKETS_S = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
 
-# Wall-clock subscriptions due now, per mode, and the oldest due time's age. Same predicate
-# as the drain's due page (docs/reference/billing.md): billable status, not on a test clock, not
-# parked, not waiting on the retry ladder (next_billing_attempt_at in the future). Uses subscription_due_idx.
-DUE_SUBSCRIPTIONS = """
+# Wall-clock subscriptions due now, per mode, and the oldest due time's age: the drain's own due
+# predicate (billing.queries.due_predicate), so the gauge counts what the next drain would bill.
+_DUE, _DUE_PARAMS = due_predicate(test_clock_id=None, as_of=None)
+DUE_SUBSCRIPTIONS = f"""
 SELECT livemode, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_billing_at)), 0)::float8
 FROM billing_subscription
-WHERE next_billing_at <= now()
-  AND status IN ('trialing', 'active', 'past_due')
-  AND test_clock_id IS NULL
-  AND billing_parked_at IS NULL
-  AND (next_billing_attempt_at IS NULL OR next_billing_attempt_at <= now())
+WHERE {_DUE}
 GROUP BY livemode
 """
 
-# Subscriptions with a saved billing failure, per mode: waiting on the ladder, or parked.
+# Subscriptions of a billable status with a saved billing failure, per mode: waiting on the ladder, or parked.
 FAILING_SUBSCRIPTIONS = """
 SELECT livemode,
        count(*) FILTER (WHERE billing_parked_at IS NULL),
        count(*) FILTER (WHERE billing_parked_at IS NOT NULL)
 FROM billing_subscription
 WHERE (next_billing_attempt_at IS NOT NULL OR billing_parked_at IS NOT NULL)
-  AND status IN ('trialing', 'active', 'past_due')
+  AND status = ANY(%s::text[])
 GROUP BY livemode
 """
+
+
+def due_by_mode() -> dict[bool, tuple[int, float]]:
+    """``{livemode: (due count, oldest due age in seconds)}`` for the modes that have any (caller's transaction)."""
+    return {row[0]: row[1:] for row in _rows(DUE_SUBSCRIPTIONS, _DUE_PARAMS)}
+
+
+def failing_by_mode() -> dict[bool, tuple[int, int]]:
+    """``{livemode: (waiting, parked)}`` for the modes that have any failing subscription (caller's transaction)."""
+    return {row[0]: row[1:] for row in _rows(FAILING_SUBSCRIPTIONS, [list(BILLABLE_STATUSES)])}
+
 
 # Durations of finished scheduler drains, bucketed (cumulative counts, then count and sum).
 CYCLE_DURATIONS = """
@@ -67,9 +77,9 @@ GROUP BY r.livemode, a.outcome
 """
 
 
-def _rows(sql: str) -> list[tuple]:
+def _rows(sql: str, params: list[object] | None = None) -> list[tuple]:
     with connection.cursor() as cursor:
-        cursor.execute(sql)
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 
@@ -83,8 +93,8 @@ class BillingMetrics:
     def collect(self) -> list[Metric]:
         """The families filled from the database (four statements on the caller's connection and transaction)."""
         families = self._families()
-        due = {row[0]: row[1:] for row in _rows(DUE_SUBSCRIPTIONS)}
-        failing = {row[0]: row[1:] for row in _rows(FAILING_SUBSCRIPTIONS)}
+        due = due_by_mode()
+        failing = failing_by_mode()
         cycle = _rows(CYCLE_DURATIONS)[0]
         outcomes = _rows(BILLING_OUTCOMES)
 

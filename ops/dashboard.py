@@ -82,8 +82,8 @@ def dashboard() -> Dashboard:
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL statement_timeout = '5s'")
-            due = {row[0]: row[1:] for row in _rows(billing_metrics.DUE_SUBSCRIPTIONS)}
-            failing = {row[0]: row[1:] for row in _rows(billing_metrics.FAILING_SUBSCRIPTIONS)}
+            due = billing_metrics.due_by_mode()
+            failing = billing_metrics.failing_by_mode()
             dunning = dict(_rows(DUNNING_IN_PROGRESS))
             backlog = _rows(outbox_metrics.DELIVERY_BACKLOG)[0][0]
             leases = {lease.role: lease for lease in lease_statuses()}
