@@ -74,7 +74,7 @@ class DunningRun(TenantScoped):
         SUBSCRIPTION_CANCELED = "subscription_canceled", "subscription_canceled"
         INVOICE_SETTLED = "invoice_settled", "invoice_settled"  # the invoice left `open` some other way
 
-    # The members under the short names the rest of the code (and billing's models) spell states with.
+    # The members again under short names, the way billing's models spell states (``Invoice.OPEN``).
     ACTIVE, RECOVERED, EXHAUSTED, ENDED = Status.ACTIVE, Status.RECOVERED, Status.EXHAUSTED, Status.ENDED
     RETRY_SUCCEEDED, PAID, RETRIES_EXHAUSTED = EndReason.RETRY_SUCCEEDED, EndReason.PAID, EndReason.RETRIES_EXHAUSTED
     NO_NEW_PAYMENT_METHOD, VOIDED = EndReason.NO_NEW_PAYMENT_METHOD, EndReason.VOIDED
