@@ -1,10 +1,20 @@
-"""The ``billing`` role: the scheduler's billing tick (SPEC §3, §4).
+"""Billing's scheduler roles: ``billing`` (the drain) and ``dunning`` (the dunning pass).
 
-A tick, under the ``billing`` lease: drain live mode, then the test-mode pass, then the
-reconcilers of both modes (invoices whose tax is pending, payments whose outcome is
-unknown). The tick's fence guards every write of the drain; its liveness stamp is written
-after every page, so a drain longer than the interval never looks stale. A lost lease or a
-stop request ends the tick at the drain's next safe point (``fence.alive()``).
+:class:`BillingRole` (docs/reference/roles-and-leases.md, docs/reference/billing.md): a tick,
+under the ``billing`` lease, drains live mode, then the test-mode pass, then the reconcilers of
+both modes (invoices whose tax is pending, payments whose outcome is unknown). The tick's fence
+guards every write of the drain; its liveness stamp is written after every page, so a drain
+longer than the interval never looks stale. A lost lease or a stop request ends the tick at the
+drain's next safe point (``fence.alive()``).
+
+:class:`DunningRole` (docs/reference/dunning.md): retries of declined invoices, one replica at a
+time. A tick, under the ``dunning`` lease: the live-mode pass, then the test-mode pass, over
+wall-clock runs (a test clock's runs are due by its advance). Each pass claims due runs
+``FOR UPDATE SKIP LOCKED`` and retries or settles them (:mod:`billing.services.dunning_pass`);
+every write is checked against ``ctx.fence``, and a lost lease or a stop request ends the tick
+at the next safe point (before the next page or run). The liveness stamp is written after every
+page. The role lives here, beside billing's, because the pass is billing's (dunning imports
+nothing of billing, docs/decisions/0120); its name and cadence are dunning's own.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from django.conf import settings
 from billing.models import BillingRun
 from billing.services.clocks import resume_stalled_advances
 from billing.services.drain import drain_due, reconcile
+from billing.services.dunning_pass import process_due
 from hardcount.scheduler import TickContext, TickFailed
 
 MODES = ((True, "live"), (False, "test"))
@@ -60,4 +71,22 @@ class BillingRole:
             # Not a completed tick: the ticker retries in min(interval, 30 s), not an hour later.
             raise TickFailed("billing drain ended by a database error: " + "; ".join(failed_runs))
         ctx.stamp()
+        return counts
+
+
+class DunningRole:
+    """Scheduler role ``dunning``, every ``HARDCOUNT_DUNNING_INTERVAL_S`` seconds (default 60)."""
+
+    name = "dunning"
+
+    @property
+    def interval_s(self) -> float:
+        return settings.HARDCOUNT_DUNNING_INTERVAL_S
+
+    def tick(self, ctx: TickContext) -> dict[str, Any]:
+        """One pass per mode; returns the number of runs acted on per mode, for the log line."""
+        counts: dict[str, Any] = {}
+        for livemode, mode in MODES:
+            counts[f"{mode}_runs"] = process_due(livemode=livemode, fence=ctx.fence, on_page=ctx.stamp)
+            ctx.stamp()
         return counts

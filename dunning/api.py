@@ -27,9 +27,9 @@ from hardcount.api import (
     object_field,
 )
 
-FINAL_ACTIONS = [DunningSettings.UNPAID, DunningSettings.CANCELED]
-RUN_STATUSES = [s for s, _ in DunningRun.STATUS_CHOICES]
-END_REASONS = [s for s, _ in DunningRun.END_REASON_CHOICES]
+FINAL_ACTIONS = DunningSettings.FinalAction.values
+RUN_STATUSES = DunningRun.Status.values
+END_REASONS = DunningRun.EndReason.values
 
 # ---------------------------------------------------------------------------------------
 # Input

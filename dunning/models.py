@@ -22,11 +22,16 @@ class DunningSettings(TenantScoped):
     No row means the defaults (:data:`DEFAULT_RETRY_DAYS`, ``unpaid``).
     """
 
-    UNPAID, CANCELED = "unpaid", "canceled"
-    FINAL_ACTION_CHOICES = [(UNPAID, UNPAID), (CANCELED, CANCELED)]
+    class FinalAction(models.TextChoices):
+        """What the subscription becomes when a run is exhausted (labels are the stored values)."""
+
+        UNPAID = "unpaid", "unpaid"
+        CANCELED = "canceled", "canceled"
+
+    UNPAID, CANCELED = FinalAction.UNPAID, FinalAction.CANCELED
 
     retry_days = models.JSONField(default=default_retry_days)
-    final_action = models.CharField(max_length=16, choices=FINAL_ACTION_CHOICES, default=UNPAID)
+    final_action = models.CharField(max_length=16, choices=FinalAction.choices, default=UNPAID)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -48,37 +53,40 @@ class DunningRun(TenantScoped):
     time if it never does. ``test_clock`` is the invoice's clock (its runs are due by the clock).
     """
 
-    ACTIVE, RECOVERED, EXHAUSTED, ENDED = "active", "recovered", "exhausted", "ended"
-    STATUS_CHOICES = [(s, s) for s in (ACTIVE, RECOVERED, EXHAUSTED, ENDED)]
+    class Status(models.TextChoices):
+        """A run's state; only ``active`` runs are ever due (labels are the stored values)."""
 
-    # Why a run is no longer active.
-    RETRY_SUCCEEDED = "retry_succeeded"  # recovered by one of its retries
-    PAID = "paid"  # recovered by another payment (POST /v1/invoices/{id}/pay, the reconciler)
-    RETRIES_EXHAUSTED = "retries_exhausted"
-    NO_NEW_PAYMENT_METHOD = "no_new_payment_method"  # hard decline, no new method before the last retry's time
-    VOIDED = "voided"
-    SUBSCRIPTION_CANCELED = "subscription_canceled"
-    INVOICE_SETTLED = "invoice_settled"  # the invoice left `open` some other way
-    END_REASON_CHOICES = [
-        (s, s)
-        for s in (
-            RETRY_SUCCEEDED,
-            PAID,
-            RETRIES_EXHAUSTED,
-            NO_NEW_PAYMENT_METHOD,
-            VOIDED,
-            SUBSCRIPTION_CANCELED,
-            INVOICE_SETTLED,
-        )
-    ]
+        ACTIVE = "active", "active"
+        RECOVERED = "recovered", "recovered"
+        EXHAUSTED = "exhausted", "exhausted"
+        ENDED = "ended", "ended"
+
+    class EndReason(models.TextChoices):
+        """Why a run is no longer active (labels are the stored values)."""
+
+        RETRY_SUCCEEDED = "retry_succeeded", "retry_succeeded"  # recovered by one of its retries
+        # Recovered by another payment (POST /v1/invoices/{id}/pay, the reconciler).
+        PAID = "paid", "paid"
+        RETRIES_EXHAUSTED = "retries_exhausted", "retries_exhausted"
+        # A hard decline, and no new payment method before the last retry's time.
+        NO_NEW_PAYMENT_METHOD = "no_new_payment_method", "no_new_payment_method"
+        VOIDED = "voided", "voided"
+        SUBSCRIPTION_CANCELED = "subscription_canceled", "subscription_canceled"
+        INVOICE_SETTLED = "invoice_settled", "invoice_settled"  # the invoice left `open` some other way
+
+    # The members again under short names, the way billing's models spell states (``Invoice.OPEN``).
+    ACTIVE, RECOVERED, EXHAUSTED, ENDED = Status.ACTIVE, Status.RECOVERED, Status.EXHAUSTED, Status.ENDED
+    RETRY_SUCCEEDED, PAID, RETRIES_EXHAUSTED = EndReason.RETRY_SUCCEEDED, EndReason.PAID, EndReason.RETRIES_EXHAUSTED
+    NO_NEW_PAYMENT_METHOD, VOIDED = EndReason.NO_NEW_PAYMENT_METHOD, EndReason.VOIDED
+    SUBSCRIPTION_CANCELED, INVOICE_SETTLED = EndReason.SUBSCRIPTION_CANCELED, EndReason.INVOICE_SETTLED
 
     id = id_field("dunning_run")
     invoice = models.OneToOneField("billing.Invoice", on_delete=models.PROTECT, related_name="dunning_run")
     test_clock = models.ForeignKey(
         "billing.TestClock", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=ACTIVE)
-    end_reason = models.CharField(max_length=32, choices=END_REASON_CHOICES, blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=ACTIVE)
+    end_reason = models.CharField(max_length=32, choices=EndReason.choices, blank=True, default="")
     first_declined_at = models.DateTimeField()
     # The schedule, frozen when the run starts: days after the anchor, strictly increasing.
     retry_days = models.JSONField(default=default_retry_days)

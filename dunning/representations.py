@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dunning.models import DunningRun
 from dunning.schedule import last_retry_at, next_retry_at, retries_left
 from hardcount.times import iso
 
@@ -18,7 +19,7 @@ def dunning_run_data(run) -> dict[str, Any]:
     payment method, or has no retry left); ``final_action_at`` is when the end state applies if
     no payment arrives (the last retry's time; null once the run is over).
     """
-    active = run.status == "active"
+    active = run.status == DunningRun.ACTIVE
     return {
         "id": run.id,
         "object": "dunning_run",

@@ -1,36 +1,45 @@
-"""Dunning's entry points (SPEC §5): what billing calls inside its own transactions, the tenant's
-policy, and the pass that retries due runs.
+"""Dunning's state and policy (docs/reference/dunning.md): the run's transitions billing calls inside its
+own transactions, and the tenant's policy.
 
 A declined invoice gets one :class:`~dunning.models.DunningRun`. Its schedule (docs/decisions/0070):
 retry k of n is due ``retry_days[k-1]`` days after the schedule's anchor, the first decline
 (default 1, 3, 5 and 7 days); the run is frozen to the tenant's ``retry_days`` when it starts.
 Each retry charges the customer's current default payment method under its own idempotency key
-(:func:`billing.services.collection.retry_invoice_payment`). The invoice paid (by a retry or any
+(billing's ``retry_invoice_payment``). The invoice paid (by a retry or any
 other way) ends the run as ``recovered``; voided, as ``ended``; a decline of the last retry
 exhausts it: the invoice becomes ``uncollectible`` and the subscription takes the tenant's final
 action, ``unpaid`` or ``canceled``. A hard decline (:data:`HARD_DECLINE_CODES`) stops the
 retries until the customer's payment method changes (:func:`payment_method_changed`), which
 makes the run due at once (docs/decisions/0071).
 
-Billing imports this module (``start_dunning`` and ``stop_dunning`` run inside its recording
-transactions), so it imports nothing from billing at load time; the retry pass lives in
-:mod:`dunning.retries` and :func:`process_due` loads it on first use.
+Dunning is a leaf (docs/decisions/0120): it imports nothing of billing. Billing coordinates.
+Its pass (:mod:`billing.services.dunning_pass`) claims due runs with :func:`due_runs_locked`
+and :func:`claim_locked`, then charges or settles each invoice in billing's own transactions,
+which call this module's state functions last, after billing's rows are locked: a decline
+(:func:`start_dunning`), a payment or a void (:func:`stop_dunning`), a gateway failure
+(:func:`retry_failed_locked`), nothing to collect (:func:`payment_in_flight_locked`,
+:func:`subscription_canceled_locked`, :func:`invoice_not_open_locked`), exhaustion
+(:func:`exhaust_locked`). Rows are locked through :mod:`dunning.lock_objects` only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from django.db import connection, transaction
 
+from dunning import lock_objects
 from dunning.models import DEFAULT_RETRY_DAYS, DunningRun, DunningSettings
 from dunning.representations import dunning_run_data
 from dunning.schedule import last_retry_at, next_retry_at, retry_at
 from hardcount.errors import InvalidRequestError
-from hardcount.fencing import NO_FENCE, Fence
+from hardcount.times import database_now
 from outbox.services import emit_event
+
+# The policy's final actions (``unpaid`` or ``canceled``), for callers that may not import the models.
+FinalAction = DunningSettings.FinalAction
 
 # Decline codes that retrying the same card cannot cure: the card is gone, blocked or refused
 # for good, or there is none (Stripe's "do not try again" codes, and its advice for
@@ -65,6 +74,24 @@ HARD_DECLINE_CODES = frozenset(
 
 MAX_RETRIES = 8
 MAX_RETRY_DAY = 60
+# A retry whose call failed (gateway down, 5xx, timeout) is tried again this much later,
+# without using up a scheduled retry (docs/decisions/0072).
+ERROR_RETRY_DELAY = timedelta(hours=1)
+
+
+class ClaimAction(StrEnum):
+    """What a claimed run is due for (:func:`claim_locked`)."""
+
+    RETRY = "retry"  # charge its invoice again
+    SETTLE = "settle"  # apply its end state (exhaustion)
+    NOTHING = "nothing"  # it was marked due early; put back on schedule
+
+
+class RunRevived(Exception):
+    """Raised by :func:`exhaust_locked`: the run was revived (a new payment method) after its claim.
+
+    The caller's transaction must roll back: the run is retried instead of exhausted.
+    """
 
 
 def is_hard_decline(decline_code: str) -> bool:
@@ -94,7 +121,7 @@ def emit_run_event(run: DunningRun, type_: str, at: datetime) -> None:
     emit_event(tenant_id=run.tenant_id, livemode=run.livemode, type=type_, data=dunning_run_data(run), created_at=at)
 
 
-# --- what billing calls -----------------------------------------------------------------------------------------------
+# --- what billing's payments call -------------------------------------------------------------------------------------
 
 
 def start_dunning(invoice, *, declined_at: datetime, decline_code: str) -> DunningRun:
@@ -117,7 +144,7 @@ def start_dunning(invoice, *, declined_at: datetime, decline_code: str) -> Dunni
     """
     if not connection.in_atomic_block:
         raise RuntimeError("start_dunning must run inside the transaction that records the decline")
-    run = DunningRun.objects.select_for_update().filter(invoice_id=invoice.id).first()
+    run = lock_objects.get_run_of_invoice_locked(invoice.id)
     opened = run is None
     if opened:
         policy = get_settings(tenant_id=invoice.tenant_id, livemode=invoice.livemode)
@@ -168,7 +195,7 @@ def stop_dunning(invoice, *, ended_at: datetime, recovered: bool = False) -> Non
     ``retry_succeeded``) or another way (``paid``). Otherwise it was voided (``ended``,
     ``voided``).
     """
-    run = DunningRun.objects.select_for_update().filter(invoice_id=invoice.id, status=DunningRun.ACTIVE).first()
+    run = lock_objects.get_active_run_of_invoice_locked(invoice.id)
     if run is None:
         return
     if recovered:
@@ -178,7 +205,7 @@ def stop_dunning(invoice, *, ended_at: datetime, recovered: bool = False) -> Non
         end_run_locked(run, DunningRun.ENDED, DunningRun.VOIDED, at=ended_at)
 
 
-def end_run_locked(run: DunningRun, status: str, reason: str, *, at: datetime) -> None:
+def end_run_locked(run: DunningRun, status: DunningRun.Status, reason: DunningRun.EndReason, *, at: datetime) -> None:
     """Move a locked active run to ``status`` (not ``active``) for ``reason``; nothing is due any more."""
     run.status = status
     run.end_reason = reason
@@ -199,11 +226,7 @@ def payment_method_changed(customer_id: str, *, at: datetime) -> int:
     keep their spacing; otherwise this is an extra retry and the schedule stays. Emits
     ``dunning.retry_scheduled`` per run. Returns how many runs were touched.
     """
-    runs = list(
-        DunningRun.objects.select_for_update()
-        .filter(invoice__customer_id=customer_id, status=DunningRun.ACTIVE)
-        .order_by("created_at", "id")
-    )
+    runs = lock_objects.active_runs_of_customer_locked(customer_id)
     for run in runs:
         k = run.retries_done
         run.waiting_for_payment_method = False
@@ -230,7 +253,7 @@ class Policy:
     tenant_id: str
     livemode: bool
     retry_days: tuple[int, ...]
-    final_action: str
+    final_action: FinalAction
     updated_at: datetime | None
 
 
@@ -238,8 +261,8 @@ def get_settings(*, tenant_id: str, livemode: bool) -> Policy:
     """The tenant's policy for the mode; the defaults (1, 3, 5, 7 days; ``unpaid``) without a row."""
     row = DunningSettings.objects.filter(tenant_id=tenant_id, livemode=livemode).first()
     if row is None:
-        return Policy(tenant_id, livemode, DEFAULT_RETRY_DAYS, DunningSettings.UNPAID, None)
-    return Policy(tenant_id, livemode, tuple(row.retry_days), row.final_action, row.updated_at)
+        return Policy(tenant_id, livemode, DEFAULT_RETRY_DAYS, FinalAction.UNPAID, None)
+    return Policy(tenant_id, livemode, tuple(row.retry_days), FinalAction(row.final_action), row.updated_at)
 
 
 def validate_retry_days(retry_days: list[int]) -> tuple[int, ...]:
@@ -269,10 +292,10 @@ def update_settings(
     :class:`~hardcount.errors.InvalidRequestError` (422) for bad values.
     """
     days = validate_retry_days(retry_days) if retry_days is not None else None
-    if final_action is not None and final_action not in (DunningSettings.UNPAID, DunningSettings.CANCELED):
+    if final_action is not None and final_action not in FinalAction.values:
         raise InvalidRequestError("final_action must be 'unpaid' or 'canceled'.", param="final_action")
     with transaction.atomic():
-        row, _created = DunningSettings.objects.select_for_update().get_or_create(
+        row, _created = lock_objects.settings_qs_select_for_update().get_or_create(
             tenant_id=tenant_id, livemode=livemode
         )
         if days is not None:
@@ -283,33 +306,149 @@ def update_settings(
     return get_settings(tenant_id=tenant_id, livemode=livemode)
 
 
-# --- the retry pass ---------------------------------------------------------------------------------------------------
+# --- what billing's dunning pass calls --------------------------------------------------------------------------------
 
 
-def process_due(
-    *,
-    livemode: bool,
-    as_of: datetime | None = None,
-    test_clock_id: str | None = None,
-    fence: Fence = NO_FENCE,
-    limit: int | None = None,
-    on_page: Callable[[], object] | None = None,
-) -> int:
-    """Act on every dunning run due in one mode: retry it, or apply its end state. Returns how many.
+def due_runs_locked(
+    *, livemode: bool, as_of: datetime, test_clock_id: str | None, exclude: list[str], limit: int
+) -> list[DunningRun]:
+    """Lock up to ``limit`` runs of one mode due by ``as_of``, skipping locked ones; oldest due first.
 
-    Wall-clock runs (``test_clock_id`` None) are due by ``as_of`` (None: the DB's now()) and
-    runs on a test clock are never touched; with ``test_clock_id``, only that clock's runs,
-    due by ``as_of`` (None: the clock's ``frozen_time``). At most ``limit`` runs (None: all);
-    ``on_page()`` runs after each page of up to 50 runs.
-    Every write is fenced by ``fence``; raises :class:`~hardcount.fencing.LeaseLost` at a safe
-    point once the fence is no longer alive. See :func:`dunning.retries.process_due`.
+    ``test_clock_id`` None: wall-clock runs only, else only that clock's; ``exclude``: run ids
+    the caller has handled already in its pass. Inside the caller's claim transaction
+    (:data:`dunning.queries.CLAIM_DUE_RUNS`); each run then goes through :func:`claim_locked`.
     """
-    # Loaded here, not at import: dunning.retries imports billing's services, which import this module.
-    from dunning import retries
-
-    return retries.process_due(
-        livemode=livemode, as_of=as_of, test_clock_id=test_clock_id, fence=fence, limit=limit, on_page=on_page
+    return lock_objects.due_runs_locked(
+        livemode=livemode, as_of=as_of, test_clock_id=test_clock_id, exclude=exclude, limit=limit
     )
+
+
+def claim_locked(run: DunningRun, *, now: datetime, hold_until: datetime) -> ClaimAction:
+    """Record what a due run (locked, :func:`due_runs_locked`) is due for at ``now``, and save it.
+
+    A retry counts the scheduled retry whose time has come (``retries_done``) and marks it
+    started (``attempt_started_at``); a retry asked for by a payment-method change, or one that
+    never reached a definite outcome, is taken up again without using another scheduled retry.
+    The end state is due when the last retry was declined or the run waits for a new payment
+    method. A claimed run's ``next_attempt_at`` moves to ``hold_until``, out of every other
+    claim while the caller acts on it; a run marked due early goes back on schedule
+    (``NOTHING``).
+    """
+    n, k = len(run.retry_days), run.retries_done
+    if run.attempt_started_at is not None:
+        action = ClaimAction.RETRY  # resume a retry that has no definite outcome yet
+    elif run.retry_requested_at is not None:
+        run.retry_requested_at = None
+        if k < n and retry_at(run, k + 1) <= now:
+            run.retries_done = k + 1
+        run.attempt_started_at = now
+        action = ClaimAction.RETRY
+    elif run.waiting_for_payment_method or k >= n:
+        action = ClaimAction.SETTLE
+    elif retry_at(run, k + 1) <= now:
+        run.retries_done = k + 1
+        run.attempt_started_at = now
+        action = ClaimAction.RETRY
+    else:
+        run.next_attempt_at = retry_at(run, k + 1)
+        action = ClaimAction.NOTHING
+    if action != ClaimAction.NOTHING:
+        run.next_attempt_at = hold_until
+    run.save()
+    return action
+
+
+def retry_failed_locked(run_id: str, *, error: str, at: datetime) -> None:
+    """The retry's charge failed (a gateway error, no definite outcome): try again :data:`ERROR_RETRY_DELAY`
+    after ``at``, keeping the retry's slot. ``error`` is saved (2,000 characters). No-op unless active."""
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None:
+        return
+    run.last_error = error[:2000]
+    run.next_attempt_at = at + ERROR_RETRY_DELAY
+    run.save()
+
+
+def payment_in_flight_locked(run_id: str, *, until: datetime) -> None:
+    """A payment of the run's invoice is in flight (it may have charged the card): act on the run again at
+    ``until``. No-op unless active."""
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None:
+        return
+    run.next_attempt_at = until
+    run.save()
+
+
+def subscription_canceled_locked(run_id: str, *, at: datetime) -> None:
+    """Nothing more is collected for the invoice's canceled subscription: the run ends (``ended``,
+    ``subscription_canceled``) at ``at``. No-op unless active."""
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None:
+        return
+    end_run_locked(run, DunningRun.ENDED, DunningRun.SUBSCRIPTION_CANCELED, at=at)
+
+
+def invoice_not_open_locked(run_id: str, *, invoice_status: str, at: datetime) -> None:
+    """The run's invoice left ``open`` without the run (``invoice_status``, billing's): the run ends at ``at``.
+
+    ``paid``: ``recovered`` (``paid``); ``void``: ``ended`` (``voided``); ``uncollectible``:
+    ``exhausted`` (``invoice_settled``); anything else: ``ended`` (``invoice_settled``).
+    No-op unless active.
+    """
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None:
+        return
+    if invoice_status == "paid":
+        end_run_locked(run, DunningRun.RECOVERED, DunningRun.PAID, at=at)
+    elif invoice_status == "void":
+        end_run_locked(run, DunningRun.ENDED, DunningRun.VOIDED, at=at)
+    elif invoice_status == "uncollectible":
+        end_run_locked(run, DunningRun.EXHAUSTED, DunningRun.INVOICE_SETTLED, at=at)
+    else:
+        end_run_locked(run, DunningRun.ENDED, DunningRun.INVOICE_SETTLED, at=at)
+
+
+def exhaust_locked(run_id: str, *, at: datetime, subscription_id: str | None, subscription_canceled: bool) -> None:
+    """The run's invoice was marked ``uncollectible`` at ``at``: the run is ``exhausted``; emits ``dunning.exhausted``.
+
+    Inside the transaction that marked the invoice (its subscription, ``subscription_id``,
+    locked before it). Every active run of that subscription is locked first
+    (:func:`dunning.lock_objects.active_runs_of_subscription_locked`), then the run; when the
+    final action canceled the subscription (``subscription_canceled``) its other runs end
+    (``subscription_canceled``). The reason is ``no_new_payment_method`` when scheduled retries
+    were left (a hard decline), else ``retries_exhausted``. Raises :class:`RunRevived` when
+    the run is no longer active or a retry of it was started or asked for since its claim.
+    """
+    siblings = [] if subscription_id is None else lock_objects.active_runs_of_subscription_locked(subscription_id)
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None or run.attempt_started_at is not None or run.retry_requested_at is not None:
+        raise RunRevived(run_id)
+    reason = (
+        DunningRun.NO_NEW_PAYMENT_METHOD if run.retries_done < len(run.retry_days) else DunningRun.RETRIES_EXHAUSTED
+    )
+    end_run_locked(run, DunningRun.EXHAUSTED, reason, at=at)
+    emit_run_event(run, "dunning.exhausted", at)
+    if subscription_canceled:
+        for other in siblings:
+            if other.pk != run.pk:
+                end_run_locked(other, DunningRun.ENDED, DunningRun.SUBSCRIPTION_CANCELED, at=at)
+
+
+def end_state_due(run_id: str, *, as_of: datetime | None) -> bool:
+    """True when the run's end state is due by ``as_of`` (None: the DB's now()) right after its retry:
+    the last retry was declined, or a hard decline made it wait past its last retry's time."""
+    run = DunningRun.objects.filter(pk=run_id, status=DunningRun.ACTIVE).first()
+    if run is None or run.attempt_started_at is not None or run.retry_requested_at is not None:
+        return False
+    if not (run.waiting_for_payment_method or run.retries_done >= len(run.retry_days)):
+        return False
+    return run.next_attempt_at is not None and run.next_attempt_at <= (as_of or database_now())
+
+
+def final_action_of(run_id: str) -> FinalAction:
+    """The final action the run's tenant sets for its mode now (read when the run is exhausted)."""
+    run = DunningRun.objects.get(pk=run_id)
+    return get_settings(tenant_id=run.tenant_id, livemode=run.livemode).final_action
 
 
 def next_due_at(*, test_clock_id: str, livemode: bool = False, after: datetime | None = None) -> datetime | None:
@@ -326,22 +465,35 @@ def next_due_at(*, test_clock_id: str, livemode: bool = False, after: datetime |
 
 
 __all__ = [
+    "ERROR_RETRY_DELAY",
     "HARD_DECLINE_CODES",
     "MAX_RETRIES",
     "MAX_RETRY_DAY",
+    "ClaimAction",
+    "FinalAction",
     "Policy",
+    "RunRevived",
+    "claim_locked",
+    "due_runs_locked",
+    "emit_run_event",
     "end_run_locked",
+    "end_state_due",
+    "exhaust_locked",
+    "final_action_of",
     "get_settings",
+    "invoice_not_open_locked",
     "is_hard_decline",
     "last_retry_at",
     "next_due_at",
     "next_payment_attempt",
     "next_retry_at",
+    "payment_in_flight_locked",
     "payment_method_changed",
-    "process_due",
     "retry_at",
+    "retry_failed_locked",
     "start_dunning",
     "stop_dunning",
+    "subscription_canceled_locked",
     "update_settings",
     "validate_retry_days",
 ]

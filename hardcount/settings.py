@@ -224,7 +224,7 @@ HARDCOUNT_ROLES = [
     r.strip()
     for r in os.environ.get(
         "HARDCOUNT_ROLES",
-        "billing.loops.BillingRole,dunning.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole,"
+        "billing.loops.BillingRole,billing.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole,"
         "hardcount.loops.IdempotencyMaintenanceRole",
     ).split(",")
     if r.strip()

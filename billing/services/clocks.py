@@ -37,6 +37,7 @@ from django.db.models import Max
 
 from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
 from billing.representations import test_clock_data
+from billing.services import dunning_pass
 from billing.services.drain import drain_due
 from billing.services.payments import in_flight_window
 from dunning import services as dunning_services
@@ -412,7 +413,7 @@ def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime |
 
 def _dunning_process(clock: TestClock, instant: datetime) -> int:
     """Retry (or end) the clock's dunning runs due by ``instant``; returns how many were acted on."""
-    return dunning_services.process_due(livemode=clock.livemode, as_of=instant, test_clock_id=clock.id)
+    return dunning_pass.process_due(livemode=clock.livemode, as_of=instant, test_clock_id=clock.id)
 
 
 def _dunning_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:

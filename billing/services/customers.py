@@ -2,8 +2,8 @@
 
 A new default payment method is the customer's answer to a declined invoice: each of the
 customer's dunning runs retries at once with it (:func:`dunning.services.payment_method_changed`,
-SPEC §5: "a hard decline is not retried until the customer's payment method changes"), in the
-same transaction as the change.
+docs/reference/dunning.md: "a hard decline is not retried until the customer's payment method
+changes"), in the same transaction as the change.
 """
 
 from __future__ import annotations

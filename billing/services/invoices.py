@@ -1,15 +1,13 @@
 """Operations on one invoice: pay it now, or void it.
 
-``pay_invoice`` serves ``POST /v1/invoices/{id}/pay`` and is the entry point dunning retries
-use (its ``on_record`` hook runs inside the recording transaction). It charges through the same
-three steps as the drain (:mod:`billing.services.payments`): a new attempt with its own key
+``pay_invoice`` serves ``POST /v1/invoices/{id}/pay`` (dunning's retries charge through
+:mod:`billing.services.collection` instead). It charges through the same three steps as the
+drain (:mod:`billing.services.payments`): a new attempt with its own key
 (``hc:{invoice}:attempt:{n}``), or a same-key re-send of an attempt whose outcome is still
 unknown. A failure is kept on the attempt only; the retry ladder belongs to the drain.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from django.db import transaction
 
@@ -18,6 +16,7 @@ from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import lock_customer, return_credit_locked
 from billing.services.payments import (
     Outcome,
+    OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
     billing_time,
@@ -58,12 +57,7 @@ def _lock_invoice_and_subscription(
 
 
 def pay_invoice(
-    invoice_id: str,
-    *,
-    tenant_id: str,
-    livemode: bool,
-    fence: Fence = NO_FENCE,
-    on_record: Callable[[Invoice, PaymentAttempt, Outcome], None] | None = None,
+    invoice_id: str, *, tenant_id: str, livemode: bool, fence: Fence = NO_FENCE
 ) -> tuple[Invoice, PaymentAttempt | None, Outcome]:
     """Charge an ``open`` invoice's ``amount_due`` now; returns ``(invoice, attempt, outcome)`` after recording.
 
@@ -87,12 +81,12 @@ def pay_invoice(
         if needs_no_charge(invoice):
             attempt = settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
-            return invoice, attempt, Outcome("billed", invoice.id)
+            return invoice, attempt, Outcome(OutcomeKind.BILLED, invoice.id)
         plan = reserve_attempt_locked(invoice, customer, now=database_now())
         if plan.known_result is not None:
-            outcome = record_outcome(plan, plan.known_result, fence=fence, on_record=on_record)
+            outcome = record_outcome(plan, plan.known_result, fence=fence)
             return Invoice.objects.get(pk=invoice.pk), PaymentAttempt.objects.get(pk=plan.attempt_id), outcome
-    outcome = record_outcome(plan, send(plan), fence=fence, on_record=on_record)
+    outcome = record_outcome(plan, send(plan), fence=fence)
     return Invoice.objects.get(pk=plan.invoice_id), PaymentAttempt.objects.get(pk=plan.attempt_id), outcome
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from django.conf import settings
 from django.db import transaction
@@ -82,20 +83,33 @@ class ChargePlan:
     known_result: gw.ChargeResult | None = None
 
 
+class OutcomeKind(StrEnum):
+    """What one close or charge came to (the values are :class:`~billing.models.BillingAttempt` outcomes)."""
+
+    BILLED = "billed"
+    DECLINED = "declined"
+    TAX_PENDING = "tax_pending"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
 @dataclass
 class Outcome:
     """What one close or charge came to, for the run's counts and its billing attempt row.
 
-    ``kind``: ``billed``, ``declined``, ``tax_pending``, ``failed`` or ``skipped``; ``saved``:
-    the failure was saved on the subscription (the retry ladder).
+    ``kind``: an :class:`OutcomeKind` (a plain string of one is converted; another raises
+    ``ValueError``); ``saved``: the failure was saved on the subscription (the retry ladder).
     """
 
-    kind: str
+    kind: OutcomeKind
     invoice_id: str | None = None
     error: str = ""
     failure_number: int = 0
     saved: bool = False
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.kind = OutcomeKind(self.kind)
 
 
 # --- billing time ---------------------------------------------------------------------------------------------------
@@ -108,6 +122,15 @@ def billing_time(test_clock_id: str | None, as_of: datetime | None = None) -> da
     if test_clock_id:
         return TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
     return database_now()
+
+
+def wall_clock_now(now: datetime, *, test_clock_id: str | None, as_of: datetime | None) -> datetime:
+    """The DB's now() in the caller's transaction, given its billing time ``now`` (:func:`billing_time`).
+
+    For a wall-clock object without ``as_of`` that billing time is the DB's now() already (the
+    same all through a transaction), so it is reused and no query is made.
+    """
+    return now if test_clock_id is None and as_of is None else database_now()
 
 
 # --- step 1 ---------------------------------------------------------------------------------------------------------
@@ -393,11 +416,11 @@ def write_billing_attempt(
     if run is None:
         return None
     kind = {
-        "billed": BillingAttempt.BILLED,
-        "declined": BillingAttempt.DECLINED,
-        "tax_pending": BillingAttempt.TAX_PENDING,
-        "failed": BillingAttempt.FAILED,
-        "skipped": BillingAttempt.SKIPPED,
+        OutcomeKind.BILLED: BillingAttempt.BILLED,
+        OutcomeKind.DECLINED: BillingAttempt.DECLINED,
+        OutcomeKind.TAX_PENDING: BillingAttempt.TAX_PENDING,
+        OutcomeKind.FAILED: BillingAttempt.FAILED,
+        OutcomeKind.SKIPPED: BillingAttempt.SKIPPED,
     }[outcome.kind]
     return BillingAttempt.objects.create(
         run=run,
@@ -419,15 +442,19 @@ def record_outcome(
     fresh_ladder: bool = False,
     run: BillingRun | None = None,
     as_of: datetime | None = None,
+    retry_of: str | None = None,
     on_record=None,
 ) -> Outcome:
     """Step 3: record ``result`` on the attempt and act on it, in one fenced transaction.
 
-    Locks subscription → invoice → attempt → customer (the order every billing writer uses).
-    ``save_failure``: an indefinite outcome of the invoice's current period is saved on the
-    subscription (the drain's close); elsewhere (reconciler, pay API) a failure only stays on
-    the attempt. ``on_record(invoice, attempt, outcome)`` runs inside the transaction (dunning's
-    hook). Returns the :class:`Outcome`; writes ``run``'s billing attempt row when given.
+    Locks subscription → invoice → attempt → customer (the order every billing writer uses),
+    then the invoice's dunning run when dunning acts on the outcome. ``save_failure``: an
+    indefinite outcome of the invoice's current period is saved on the subscription (the
+    drain's close); elsewhere (reconciler, pay API) a failure only stays on the attempt.
+    ``retry_of``: the dunning run this charge retries; a failure puts it off
+    (:func:`dunning.services.retry_failed_locked`). ``on_record(invoice, attempt, outcome)``
+    runs inside the transaction, last (the close's test seam, ``billing.services.close.hooks``).
+    Returns the :class:`Outcome`; writes ``run``'s billing attempt row when given.
     """
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
@@ -451,13 +478,12 @@ def record_outcome(
         if attempt.outcome != PaymentAttempt.UNKNOWN and not reuses_key(attempt):
             # Someone recorded a definite outcome first (a racing same-key re-send): theirs stands
             # and they acted on it.
-            outcome = Outcome("skipped", invoice.id, error=f"attempt already recorded as {attempt.outcome}")
+            outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=f"attempt already recorded as {attempt.outcome}")
             if plan.subscription_id:
                 write_billing_attempt(run, plan.subscription_id, outcome, now=now)
             return outcome
 
-        # The DB's now() is the same all through this transaction: reuse it for wall-clock invoices.
-        apply_result(attempt, result, completed_at=now if clock_id is None and as_of is None else database_now())
+        apply_result(attempt, result, completed_at=wall_clock_now(now, test_clock_id=clock_id, as_of=as_of))
         attempt.save()
         invoice_fields = []  # saved with the outcome's own invoice update, or at the end
         if result.payment_intent_id and not invoice.payment_intent_id:
@@ -465,7 +491,7 @@ def record_outcome(
             invoice_fields.append("payment_intent_id")
 
         if result.outcome == gw.SUCCEEDED:
-            outcome = Outcome("billed", invoice.id)
+            outcome = Outcome(OutcomeKind.BILLED, invoice.id)
             if invoice.status == Invoice.OPEN:
                 mark_paid(invoice, now=now)
                 invoice.save(update_fields=[*PAID_FIELDS, *invoice_fields])
@@ -483,7 +509,7 @@ def record_outcome(
                     dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
             act_on_paid_locked(subscription, invoice, now=now)
         elif result.outcome == gw.DECLINED:
-            outcome = Outcome("declined", invoice.id, error=f"declined: {result.decline_code}")
+            outcome = Outcome(OutcomeKind.DECLINED, invoice.id, error=f"declined: {result.decline_code}")
             invoice.attempt_count += 1
             invoice.save(update_fields=["attempt_count", *invoice_fields])
             invoice_fields = []
@@ -502,12 +528,15 @@ def record_outcome(
             )
         else:
             error = f"{result.outcome}: {result.error_message}"
-            outcome = Outcome("failed", invoice.id, error=error)
+            outcome = Outcome(OutcomeKind.FAILED, invoice.id, error=error)
             if save_failure and subscription is not None and is_current_period(subscription, invoice):
                 outcome.failure_number, _parked = save_failure_locked(subscription, error=error, fresh=fresh_ladder)
                 outcome.saved = not subscription.test_clock_id
         if invoice_fields:
             invoice.save(update_fields=invoice_fields)
+        if retry_of is not None and outcome.kind == OutcomeKind.FAILED:
+            # A decline or a payment moved the run on above (start_dunning / stop_dunning).
+            dunning_services.retry_failed_locked(retry_of, error=outcome.error, at=as_of or database_now())
         if on_record is not None:
             on_record(invoice, attempt, outcome)
         if plan.subscription_id:

@@ -7,8 +7,8 @@ from collections import defaultdict
 import pytest
 
 from billing.models import Invoice, PaymentAttempt
+from billing.services.dunning_pass import process_due
 from billing.services.ledger import grant_credit
-from dunning.services import process_due
 from tests.dunning.conftest import DAY, decline
 
 

@@ -8,10 +8,11 @@ from django.test import Client
 from django.urls import reverse
 
 from billing.models import Customer
+from billing.services.dunning_pass import process_due
 from dunning import api as dunning_api
 from dunning.models import DunningRun, DunningSettings
 from dunning.representations import dunning_run_data, dunning_settings_data
-from dunning.services import get_settings, process_due
+from dunning.services import get_settings
 from hardcount.models import ApiKey
 from tests.api.conftest import Api, make_keys
 from tests.dunning.conftest import DECLINING_CARD, decline, events
@@ -195,7 +196,7 @@ def test_the_admin_lists_runs_by_state_and_shows_their_attempts(book, tenant):
 
 
 def test_the_dunning_role_retries_due_runs_of_both_modes_and_stamps_each(book, tenant, stripe_proxy):
-    from dunning.loops import DunningRole
+    from billing.loops import DunningRole
     from hardcount.fencing import NO_FENCE
     from hardcount.scheduler import TickContext
 

@@ -15,9 +15,11 @@ import pytest
 from django.db import connection, transaction
 
 from billing.models import Invoice, PaymentAttempt
-from dunning import queries, retries
+from billing.services import dunning_pass
+from billing.services.dunning_pass import process_due
+from dunning import queries
 from dunning.models import DunningRun
-from dunning.services import process_due
+from dunning.services import ClaimAction
 from tests.dunning.conftest import DAY, confirms
 
 
@@ -98,13 +100,13 @@ def _stale_claim_race(book, tenant, stripe_proxy):
         assert a_claimed.wait(60)
         return process_due(livemode=False, as_of=due)
 
-    retries.hooks.after_claim = after_claim
+    dunning_pass.hooks.after_claim = after_claim
     try:
         threads = [_in_thread("loop-a", loop_a, results, errors), _in_thread("loop-b", loop_b, results, errors)]
         for thread in threads:
             thread.join(60)
     finally:
-        retries.hooks.after_claim = None
+        dunning_pass.hooks.after_claim = None
     assert errors == []
     return invoices, results
 
@@ -120,9 +122,9 @@ def test_negative_control_without_the_claim_both_loops_confirm_every_invoice(boo
     """Proof that the test above can fail: a claim that neither locks nor records lets B confirm again."""
 
     def decide_without_recording(run, now):
-        return retries.RETRY if run.retries_done < len(run.retry_days) else retries.SETTLE
+        return ClaimAction.RETRY if run.retries_done < len(run.retry_days) else ClaimAction.SETTLE
 
-    monkeypatch.setattr(retries, "_decide_locked", decide_without_recording)
+    monkeypatch.setattr(dunning_pass, "_decide_locked", decide_without_recording)
     monkeypatch.setattr(queries, "CLAIM_DUE_RUNS", queries.CLAIM_DUE_RUNS.replace("FOR UPDATE SKIP LOCKED", ""))
 
     invoices, results = _stale_claim_race(book, tenant, stripe_proxy)
@@ -189,6 +191,6 @@ def test_a_run_whose_retry_raises_does_not_stop_the_others_and_is_resumed_later(
     assert list(_confirms_per_invoice(stripe_proxy)) == [invoices[1].id]
 
     monkeypatch.setattr(collection, "retry_invoice_payment", real)
-    assert process_due(livemode=False, as_of=due + retries.claim_window()) == 1
+    assert process_due(livemode=False, as_of=due + dunning_pass.claim_window()) == 1
     assert _confirms_per_invoice(stripe_proxy) == Counter({inv.id: 1 for inv in invoices})
     assert DunningRun.objects.get(invoice=invoices[0]).retries_done == 1  # the same retry, resumed

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from billing.models import Invoice, PaymentAttempt, Subscription
+from billing.services.dunning_pass import process_due
 from dunning.models import DunningRun
-from dunning.services import process_due, update_settings
+from dunning.services import update_settings
 from tests.dunning.conftest import DAY, MINUTE, STOLEN_CARD, charges_sent, confirms, decline, doctor_failures, events
 
 
@@ -262,24 +263,24 @@ def test_a_gateway_error_does_not_use_up_a_retry_and_is_resent_under_its_key_an_
 def test_a_retry_interrupted_after_its_claim_resumes_when_the_claim_expires_without_using_another_retry(
     book, tenant, declined, stripe_proxy
 ):
-    from dunning import retries
+    from billing.services import dunning_pass
 
     def crash(run_ids):
         if run_ids:
             raise KeyboardInterrupt("killed after the claim")
 
-    retries.hooks.after_claim = crash
+    dunning_pass.hooks.after_claim = crash
     try:
         with pytest.raises(KeyboardInterrupt):
             process_due(livemode=False, as_of=declined.at + DAY)
     finally:
-        retries.hooks.after_claim = None
+        dunning_pass.hooks.after_claim = None
     run = DunningRun.objects.get(pk=declined.run.pk)
-    assert (run.retries_done, run.next_attempt_at) == (1, declined.at + DAY + retries.claim_window())
-    assert process_due(livemode=False, as_of=declined.at + DAY + retries.claim_window() - MINUTE) == 0
+    assert (run.retries_done, run.next_attempt_at) == (1, declined.at + DAY + dunning_pass.claim_window())
+    assert process_due(livemode=False, as_of=declined.at + DAY + dunning_pass.claim_window() - MINUTE) == 0
     assert confirms(stripe_proxy) == []
 
-    assert process_due(livemode=False, as_of=declined.at + DAY + retries.claim_window()) == 1
+    assert process_due(livemode=False, as_of=declined.at + DAY + dunning_pass.claim_window()) == 1
 
     run.refresh_from_db()
     assert len(confirms(stripe_proxy)) == 1

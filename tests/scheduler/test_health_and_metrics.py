@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def intervals(settings):
-    settings.HARDCOUNT_ROLES = ["billing.loops.BillingRole", "dunning.loops.DunningRole"]
+    settings.HARDCOUNT_ROLES = ["billing.loops.BillingRole", "billing.loops.DunningRole"]
     settings.HARDCOUNT_BILLING_INTERVAL_S = 3600
     settings.HARDCOUNT_DUNNING_INTERVAL_S = 60
     settings.HARDCOUNT_LEASE_POLL_S = 0.05

@@ -218,7 +218,7 @@ def test_services_start_with_the_runtime_and_stop_with_it(runtimes):
 
 
 def test_roles_and_services_come_from_settings(settings):
-    settings.HARDCOUNT_ROLES = ["dunning.loops.DunningRole"]
+    settings.HARDCOUNT_ROLES = ["billing.loops.DunningRole"]
     settings.HARDCOUNT_SERVICES = []
     assert [r.name for r in configured_roles()] == ["dunning"]
     assert configured_roles(["dunning"])[0].interval_s == settings.HARDCOUNT_DUNNING_INTERVAL_S
