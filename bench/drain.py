@@ -570,7 +570,7 @@ def _line(figure: Figure, limit: float) -> str:
 
 def _targets(figures: list[Figure], limit: float, args) -> None:
     by = {(f.label[1], f.concurrency): f for f in figures}
-    print("Targets (issue 10):")
+    print("Targets (docs/benchmarks/drain.md):")
     a8 = by.get(("a", 8))
     if a8:
         verdict = "met" if a8.rate >= 0.4 * limit else "MISSED"

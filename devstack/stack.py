@@ -13,7 +13,7 @@ process does not load the settings (which would start the embedded database).
   ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
 - :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
-  whether its ``Hardcount-Signature`` verifies (SPEC §6, with :mod:`outbox.signing`).
+  whether its ``Hardcount-Signature`` verifies (docs/reference/webhooks.md, with :mod:`outbox.signing`).
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ def start_gunicorn(*, base_dir: Path, bind: str, env: dict[str, str]) -> ChildPr
 def signature_verdict(header: str, body: bytes, secrets: Iterable[str]) -> str:
     """``"signature ok"`` when ``header`` signs ``body`` with one of ``secrets``, else why not.
 
-    Verification is :func:`outbox.signing.verify` (SPEC §6, with its 300 s tolerance), the
+    Verification is :func:`outbox.signing.verify` (docs/reference/webhooks.md, with its 300 s tolerance), the
     helper Hardcount ships to receivers.
     """
     from outbox.signing import SignatureVerificationError, verify

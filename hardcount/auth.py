@@ -1,4 +1,4 @@
-"""API authentication: ``Authorization: Bearer hc_test_…|hc_live_…`` (SPEC §2, §7).
+"""API authentication: ``Authorization: Bearer hc_test_…|hc_live_…`` (docs/reference/domain.md, docs/reference/api.md).
 
 The key decides everything: its tenant and its mode. After authentication the request
 carries ``request.tenant`` (a :class:`~hardcount.models.Tenant`), ``request.livemode``

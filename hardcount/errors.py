@@ -1,4 +1,4 @@
-"""The API's error body and the status each class of error gets (SPEC §7, decision 0001).
+"""The API's error body and the status each class of error gets (docs/reference/api.md, decision 0001).
 
 Every error the API returns has the body ``{"error": {"type", "code", "message", "param"}}``:
 
@@ -55,7 +55,7 @@ def clean_text(value: Any) -> str:
 
 
 def error_body(type_: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
-    """The SPEC §7 error body as a dict."""
+    """The docs/reference/api.md error body as a dict."""
     return {
         "error": {
             "type": type_,
@@ -67,7 +67,7 @@ def error_body(type_: str, code: str, message: str, param: str | None = None) ->
 
 
 class ApiError(exceptions.APIException):
-    """Base of the API's own errors: an HTTP status plus the SPEC error fields.
+    """Base of the API's own errors: an HTTP status plus the API's error fields (docs/reference/api.md).
 
     Raise a subclass from a view or a service-calling helper; :func:`exception_handler`
     renders it. ``param`` names the offending field (dotted for nested fields) or header.
@@ -249,7 +249,7 @@ def _render(status_code: int, body: dict[str, Any], headers: dict[str, str] | No
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF exception handler: every exception a view raises becomes the SPEC error body.
+    """DRF exception handler: every exception a view raises becomes the API's error body (docs/reference/api.md).
 
     Returns None (so Django's 500 handler answers) only for unexpected exceptions.
     """
@@ -277,7 +277,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message = "Send the body as JSON with Content-Type: application/json."
         return _render(415, error_body(INVALID_REQUEST, "unsupported_media_type", message))
     if isinstance(exc, exceptions.APIException):
-        # Any other DRF exception (throttling, not acceptable): keep its status, SPEC body.
+        # Any other DRF exception (throttling, not acceptable): keep its status, the API's error body.
         return _render(exc.status_code, error_body(INVALID_REQUEST, str(exc.default_code), str(exc.detail)))
     return None
 

@@ -7,7 +7,7 @@ Everything is read from the environment:
   threads each;
 - ``HARDCOUNT_GRACEFUL_TIMEOUT_S`` (default 15): how long SIGTERM waits for in-flight work
   (requests, a billing page) before workers are killed;
-- ``HARDCOUNT_RUN_SCHEDULER=1``: every worker also runs the scheduler runtime (SPEC §3: a
+- ``HARDCOUNT_RUN_SCHEDULER=1``: every worker also runs the scheduler runtime (docs/reference/roles-and-leases.md: a
   single deployable). Each worker is then a replica of its own — its own holder id — and
   the leases make sure each role runs in one of them at a time. The runtime starts after
   the worker has loaded the application and stops (releasing its leases) when the worker

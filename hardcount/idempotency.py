@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` on POST: replay the first response, refuse a different body (SPEC §7).
+"""``Idempotency-Key`` on POST: replay the first response, refuse a different body (docs/reference/api.md).
 
 Insert-first, as Stripe does (decision 0002). Before the view runs, one statement claims
 the key for (tenant, mode, key) by inserting an in-flight record; the record is committed

@@ -11,7 +11,7 @@ from hardcount.errors import INVALID_REQUEST, error_body
 
 
 def error_response(status: int, type_: str, code: str, message: str, param: str | None = None) -> JsonResponse:
-    """The SPEC §7 error body ``{"error": {"type", "code", "message", "param"}}`` as a response."""
+    """The docs/reference/api.md error body ``{"error": {"type", "code", "message", "param"}}`` as a response."""
     return JsonResponse(error_body(type_, code, message, param), status=status)
 
 

@@ -209,7 +209,7 @@ HARDCOUNT_TEST_CLOCK_CONCURRENCY = _env_int("HARDCOUNT_TEST_CLOCK_CONCURRENCY", 
 # Dunning.
 HARDCOUNT_DUNNING_INTERVAL_S = _env_float("HARDCOUNT_DUNNING_INTERVAL_S", 60)
 
-# Leader leases (SPEC §3).
+# Leader leases (docs/reference/roles-and-leases.md).
 HARDCOUNT_LEASE_TTL_S = _env_float("HARDCOUNT_LEASE_TTL_S", 10)
 HARDCOUNT_LEASE_HEARTBEAT_S = _env_float("HARDCOUNT_LEASE_HEARTBEAT_S", 3)
 HARDCOUNT_LEASE_ABANDON_S = _env_float("HARDCOUNT_LEASE_ABANDON_S", 6)
@@ -234,7 +234,7 @@ HARDCOUNT_SERVICES = [
     s.strip() for s in os.environ.get("HARDCOUNT_SERVICES", "outbox.scheduling.ExecutorService").split(",") if s.strip()
 ]
 
-# Outbox (SPEC §6): executor workers per replica; a request's total and connect timeouts (the
+# Outbox (docs/reference/webhooks.md): executor workers per replica; a request's total and connect timeouts (the
 # lease on a delivery is twice the total); how often an idle executor looks for due work
 # (inserts also wake it at once through NOTIFY); the circuit breaker (open after this many
 # consecutive failures, for a cool-down doubling per further failure, up to 1 h); retention
@@ -252,7 +252,7 @@ HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S = (
     _env_float("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", 0) if os.environ.get("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S") else None
 )
 
-# Idempotency keys (SPEC §7, docs/decisions/0023): a key's record is kept this many hours after
+# Idempotency keys (docs/reference/api.md, docs/decisions/0023): a key's record is kept this many hours after
 # its first request, then the key is free again and its record is pruned. At least 24, Stripe's
 # documented minimum, which clients retrying on a Stripe-like API rely on. The
 # ``idempotency_maintenance`` role prunes expired records every interval, in batches of this

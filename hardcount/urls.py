@@ -23,7 +23,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
-    # Before django-prometheus's own /metrics: the same exporter plus the SPEC §8 collector.
+    # Before django-prometheus's own /metrics: the same exporter plus the docs/reference/metrics.md collector.
     path("metrics", metrics.metrics_view, name="metrics"),
     path("", include("django_prometheus.urls")),
 ]

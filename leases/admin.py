@@ -1,7 +1,7 @@
 """Operators' admin for leader leases: who holds each role, its fencing token and how fresh it is (read-only).
 
 Ages are computed by the database (``now()`` minus the row's times): the same clock authority
-the lease itself uses (SPEC §3).
+the lease itself uses (docs/reference/roles-and-leases.md).
 """
 
 from django.contrib import admin

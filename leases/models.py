@@ -1,4 +1,4 @@
-"""The leader lease: one row per singleton role (SPEC §3)."""
+"""The leader lease: one row per singleton role (docs/reference/roles-and-leases.md)."""
 
 from django.db import models
 

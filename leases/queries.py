@@ -1,4 +1,6 @@
-"""The leader lease's SQL (SPEC §3), one named statement per operation, each with the guarantee it gives.
+"""The leader lease's SQL, one named statement per operation, each with the guarantee it gives.
+
+The lease itself is described in docs/reference/roles-and-leases.md.
 
 Every time is PostgreSQL's ``now()``: the database is the one clock authority for who holds
 a role and until when. Parameters are named (``%(role)s``, ``%(holder)s``, ``%(token)s``,

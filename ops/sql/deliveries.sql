@@ -23,7 +23,7 @@ HAVING NOT (count(a.id) = d.attempts OR (d.claimed_by IS NOT NULL AND count(a.id
     OR max(a.number) > 8;
 
 -- name: delivery_succeeded_by_one_executor
--- No delivery has succeeded (2xx) attempts recorded by two different executors (SPEC §9: no delivery recorded as
+-- No delivery has succeeded (2xx) attempts recorded by two different executors (docs/reference/guarantees.md: no delivery recorded as
 -- succeeded by two executors).
 SELECT delivery_id AS ref, count(*) || ' succeeded attempts by executors '
        || string_agg(DISTINCT executor, ', ') AS detail
@@ -48,8 +48,8 @@ WHERE (d.status = 'succeeded') <> (ok.delivery_id IS NOT NULL)
    OR (d.status IN ('succeeded', 'failed') AND (d.completed_at IS NULL OR d.claimed_by IS NOT NULL));
 
 -- name: delivery_claim_not_stale
--- No pending or retrying delivery stays claimed with a lease that expired longer than the reaper interval ago (SPEC
--- §6: an expired lease is reclaimable; the reaper re-queues it).
+-- No pending or retrying delivery stays claimed with a lease that expired longer than the reaper interval ago
+-- (docs/reference/webhooks.md: an expired lease is reclaimable; the reaper re-queues it).
 SELECT id AS ref, status || ' delivery claimed by ' || claimed_by || ', lease expired at '
        || claim_expires_at AS detail
 FROM outbox_delivery

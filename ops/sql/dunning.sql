@@ -3,7 +3,7 @@
 -- database returns none. ops/doctor.py runs them in file order (docs/decisions/0060, 0121).
 
 -- name: declined_invoice_has_dunning_run
--- An open invoice whose charge was declined has a dunning run (SPEC §4: a decline starts dunning).
+-- An open invoice whose charge was declined has a dunning run (docs/reference/billing.md: a decline starts dunning).
 SELECT i.id AS ref, 'open invoice with a declined attempt and no dunning run' AS detail
 FROM billing_invoice i
 WHERE i.status = 'open'

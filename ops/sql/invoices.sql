@@ -3,7 +3,7 @@
 -- database returns none. ops/doctor.py runs them in file order (docs/decisions/0060, 0121).
 
 -- name: invoice_one_per_period
--- At most one non-void invoice per (subscription, billing period) (SPEC §2, §9).
+-- At most one non-void invoice per (subscription, billing period) (docs/reference/domain.md, docs/reference/guarantees.md).
 SELECT subscription_id AS ref,
        count(*) || ' non-void invoices for the period starting ' || period_start
        || ' (' || string_agg(id, ', ' ORDER BY id) || ')' AS detail
@@ -40,7 +40,7 @@ WHERE prev_end < period_start;
 -- name: subscription_next_billing_at_last_period_end
 -- A subscription's next_billing_at is the end of its last invoiced period (billing in advance: the start of the
 -- first period not yet invoiced), neither behind it (a period billed twice) nor past it (a lost period). The one
--- exception is a last period whose close failed (SPEC §4: the period does not advance): next_billing_at is then that
+-- exception is a last period whose close failed (docs/reference/billing.md: the period does not advance): next_billing_at is then that
 -- period's start, and none of its invoices is paid, uncollectible, declined or waiting for tax, the outcomes that
 -- advance a period.
 WITH last AS (
@@ -87,7 +87,7 @@ WHERE s.next_billing_at IS NOT NULL
 
 -- name: invoice_period_on_billing_cycle
 -- Every invoice period is one period of its subscription's cycle: [anchor + n × interval, anchor + (n+1) ×
--- interval) from the billing cycle anchor (or the trial end), computed from the anchor (SPEC §2).
+-- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md).
 SELECT i.id AS ref,
        'period [' || i.period_start || ', ' || i.period_end || ') is not a period of '
        || p.interval_count || ' ' || p.interval || ' anchored at ' || s.billing_cycle_anchor AS detail
@@ -214,7 +214,7 @@ WHERE (tax_status IN ('not_applicable', 'pending') AND tax <> 0)
 
 -- name: invoice_numbers_gapless
 -- Invoice numbers of each (tenant, mode) run 1..N without a gap or a duplicate, N being the counter's last_number
--- (SPEC §2: per-tenant gapless number).
+-- (docs/reference/domain.md: per-tenant gapless number).
 WITH numbered AS (
     SELECT tenant_id, livemode, id, number,
            substring(number FROM '([0-9]+)$')::bigint AS n

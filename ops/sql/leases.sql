@@ -19,7 +19,7 @@ WHERE r.status = 'running' AND r.lease_token IS NOT NULL
 
 -- name: no_billing_write_after_lease_lost
 -- A deposed leader writes nothing after its successor took the lease: no billing attempt, and no completed or failed
--- run, of an older fencing token is dated after the current token's acquired_at (SPEC §3, §9).
+-- run, of an older fencing token is dated after the current token's acquired_at (docs/reference/roles-and-leases.md, docs/reference/guarantees.md).
 SELECT a.id AS ref, 'billing attempt of run ' || r.id || ' (token ' || r.lease_token || ') at '
        || a.created_at || ', after token ' || l.token || ' took the lease at ' || l.acquired_at AS detail
 FROM billing_billingattempt a JOIN billing_billingrun r ON r.id = a.run_id

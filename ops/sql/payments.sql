@@ -13,7 +13,7 @@ GROUP BY i.id
 HAVING count(a.id) <> 1;
 
 -- name: invoice_at_most_one_success
--- No invoice has two succeeded payment attempts: at most one successful charge per invoice (SPEC §9).
+-- No invoice has two succeeded payment attempts: at most one successful charge per invoice (docs/reference/guarantees.md).
 SELECT invoice_id AS ref, count(*) || ' succeeded payment attempts ('
        || string_agg(id, ', ' ORDER BY attempt_number) || ')' AS detail
 FROM billing_paymentattempt
@@ -30,7 +30,7 @@ WHERE a.outcome = 'succeeded' AND i.status <> 'paid';
 
 -- name: payment_attempt_amount_matches_invoice
 -- Every charge carries the invoice's amount_due and currency: the invoice is frozen once finalised, so the body
--- under an idempotency key never changes (SPEC §4).
+-- under an idempotency key never changes (docs/reference/billing.md).
 SELECT a.id AS ref, 'attempt charged ' || a.amount || ' ' || a.currency || ' for invoice ' || i.id
        || ' whose amount_due is ' || i.amount_due || ' ' || i.currency AS detail
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
@@ -47,7 +47,7 @@ HAVING min(attempt_number) <> 1 OR max(attempt_number) <> count(*)
 
 -- name: one_payment_intent_per_invoice
 -- An invoice has one PaymentIntent: its attempts all name the invoice's payment_intent_id, and no PaymentIntent is
--- shared by two invoices (SPEC §4).
+-- shared by two invoices (docs/reference/billing.md).
 SELECT a.id AS ref, 'attempt names PaymentIntent ' || a.payment_intent_id || ' but invoice ' || i.id
        || ' has ' || coalesce(nullif(i.payment_intent_id, ''), 'none') AS detail
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
@@ -62,7 +62,7 @@ HAVING count(*) > 1;
 
 -- name: idempotency_key_one_body
 -- An idempotency key is used for one invoice and one body only (amount, currency, payment method): a retry under the
--- same key sends the same request (SPEC §4).
+-- same key sends the same request (docs/reference/billing.md).
 SELECT min(id) AS ref, 'key ' || quote_literal(idempotency_key) || ' used by '
        || count(DISTINCT invoice_id) || ' invoices with '
        || count(DISTINCT (amount, currency, payment_method)) || ' bodies' AS detail
@@ -73,7 +73,7 @@ HAVING count(DISTINCT invoice_id) > 1 OR count(DISTINCT (amount, currency, payme
 
 -- name: settled_without_charge_only_below_minimum
 -- Only a zero or below-minimum amount_due is settled without a gateway call, and such an amount never reaches the
--- gateway (SPEC §4; Stripe's minimum charge amounts).
+-- gateway (docs/reference/billing.md; Stripe's minimum charge amounts).
 SELECT a.id AS ref, 'settled without charge, but amount_due ' || i.amount_due || ' ' || i.currency
        || ' is chargeable (minimum ' || coalesce(m.amount, 1) || ')' AS detail
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id

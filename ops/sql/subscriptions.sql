@@ -4,7 +4,7 @@
 
 -- name: subscription_status_matches_invoices
 -- A subscription's status agrees with what it owes: past_due ⇒ it has an open invoice; active or trialing ⇒ none of
--- its open invoices was declined (a decline makes it past_due, SPEC §4).
+-- its open invoices was declined (a decline makes it past_due, docs/reference/billing.md).
 SELECT s.id AS ref, 'past_due without an open invoice' AS detail
 FROM billing_subscription s
 WHERE s.status = 'past_due'
@@ -35,7 +35,7 @@ WHERE billing_parked_at IS NULL
   AND (next_billing_attempt_at IS NOT NULL) <> (billing_failure_count BETWEEN 1 AND 7);
 
 -- name: test_clock_subscription_has_no_failure_state
--- A subscription on a test clock never saves billing failures: no failure count, no waiting, not parked (SPEC §4:
+-- A subscription on a test clock never saves billing failures: no failure count, no waiting, not parked (docs/reference/billing.md:
 -- failures on a clock are covered by the run's exclude list only).
 SELECT id AS ref, 'on test clock ' || test_clock_id || ' with ' || billing_failure_count || ' failures'
        || CASE WHEN next_billing_attempt_at IS NOT NULL THEN ', waiting' ELSE '' END
@@ -46,7 +46,7 @@ WHERE test_clock_id IS NOT NULL
 
 -- name: test_clocks_in_test_mode
 -- Test clocks, and the customers and subscriptions on them, are test-mode rows; a subscription on a clock is on its
--- customer's clock (SPEC §2: test clocks are test mode only).
+-- customer's clock (docs/reference/domain.md: test clocks are test mode only).
 SELECT id AS ref, 'test clock in live mode' AS detail FROM billing_testclock WHERE livemode
 UNION ALL
 SELECT id, 'live customer on test clock ' || test_clock_id FROM billing_customer

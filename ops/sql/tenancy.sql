@@ -4,7 +4,7 @@
 
 -- name: no_cross_tenant_reference
 -- Nothing crosses tenants or modes: every reference joins two rows of the same tenant and mode, and an invoice's
--- customer is its subscription's customer (SPEC §2).
+-- customer is its subscription's customer (docs/reference/domain.md).
 SELECT i.id AS ref, 'invoice of ' || i.tenant_id || '/' || i.livemode || ' names customer ' || c.id
        || ' of ' || c.tenant_id || '/' || c.livemode AS detail
 FROM billing_invoice i JOIN billing_customer c ON c.id = i.customer_id

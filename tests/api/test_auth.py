@@ -1,4 +1,4 @@
-"""Bearer-key authentication: the key decides tenant and mode; anything else is a 401 in the SPEC shape."""
+"""Bearer-key authentication: the key decides tenant and mode; anything else is a 401 in the API's error shape."""
 
 from django.utils import timezone
 

@@ -1,4 +1,4 @@
-"""Each class of bad input gets a 4xx with the SPEC error body, and writes nothing."""
+"""Each class of bad input gets a 4xx with the API's error body (docs/reference/api.md), and writes nothing."""
 
 import json
 

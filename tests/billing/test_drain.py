@@ -1,4 +1,4 @@
-"""The drain (SPEC §4): pages, exactly-once, the exclude list, no circuit breaker, the retry ladder."""
+"""The drain (docs/reference/billing.md): pages, exactly-once, the exclude list, no circuit breaker, the ladder."""
 
 from datetime import timedelta
 

@@ -1,4 +1,4 @@
-"""Crash safety and gateway faults (SPEC §4): every fault goes through tests.stripe_proxy.
+"""Crash safety and gateway faults (docs/reference/billing.md): every fault goes through tests.stripe_proxy.
 
 A "kill" is simulated in-process by raising a BaseException from a hook between two steps of
 the close: nothing after that point runs, exactly as if the process had died there.

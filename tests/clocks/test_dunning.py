@@ -1,5 +1,5 @@
 """Dunning retries fall due by the clock: an advance takes a declined invoice through its schedule
-(SPEC §5: 1, 3, 5 and 7 days after the decline) to the final action, each step at its own time."""
+(docs/reference/dunning.md: 1, 3, 5 and 7 days after the decline) to the final action, each step at its own time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Failures during an advance: a failing close is not saved on its subscription (SPEC §4: the run's
+"""Failures during an advance: a failing close is not saved on its subscription (docs/reference/billing.md: the run's
 exclude list only) and the clock keeps the reason; an error that ends the walk stops the clock where
 it got to, ready, instead of leaving it advancing."""
 

@@ -1,4 +1,4 @@
-"""Advancing a clock bills every period in between, in order, each at its own time (issue 7)."""
+"""Advancing a clock bills every period in between, in order, each at its own time."""
 
 from __future__ import annotations
 

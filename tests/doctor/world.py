@@ -1,6 +1,6 @@
 """A small, clean book of every kind of row the doctor reads, written straight through the ORM.
 
-The world is what a correct Hardcount leaves behind (SPEC §2–§6, and the semantics of
+The world is what a correct Hardcount leaves behind (docs/reference/domain.md–§6, and the semantics of
 ``billing.services``): paid, declined, voided-and-reissued, below-minimum and zero-amount
 invoices, a credit ledger with grants, applied credit and a carried debit, waiting, parked,
 trialing and test-clock subscriptions, a second tenant in live mode, events fanned out to

@@ -1,4 +1,7 @@
-"""Every request a dunning run sends carries the invoice's frozen amount (SPEC §4), checked at the gateway."""
+"""Every request a dunning run sends carries the invoice's frozen amount, checked at the gateway.
+
+The rule: docs/reference/billing.md (idempotency keys).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The schedule of a dunning run, its retries through localstripe, and its end states (SPEC §5)."""
+"""The schedule of a dunning run, its retries through localstripe, and its end states (docs/reference/dunning.md)."""
 
 from __future__ import annotations
 

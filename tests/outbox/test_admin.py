@@ -1,4 +1,4 @@
-"""Operators replay deliveries from the admin (SPEC §6)."""
+"""Operators replay deliveries from the admin (docs/reference/webhooks.md)."""
 
 import pytest
 from django.contrib.auth.models import User

@@ -1,4 +1,4 @@
-"""The delivery executor against real receivers on 127.0.0.1 and the real database (SPEC §6, §9).
+"""The delivery executor against real receivers on 127.0.0.1 and the real database (docs/reference/webhooks.md).
 
 Time is moved by setting rows' timestamps (``fire_after``, ``claim_expires_at``,
 ``circuit_open_until``) to the database's ``now()``; waits are for conditions, never fixed.

@@ -1,4 +1,4 @@
-"""Real executor processes (``manage.py runoutbox``) killed and stopped mid-delivery (SPEC §9).
+"""Real executor processes (``manage.py runoutbox``) killed and stopped mid-delivery (docs/reference/guarantees.md).
 
 The child processes use the test database through ``DATABASE_URL``. Lease expiry is moved
 by setting ``claim_expires_at`` in the database, not by waiting for it.

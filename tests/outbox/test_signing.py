@@ -1,4 +1,4 @@
-"""The signature helper: what a receiver runs on every delivery (SPEC §6)."""
+"""The signature helper: what a receiver runs on every delivery (docs/reference/webhooks.md)."""
 
 import hashlib
 import hmac

@@ -1,4 +1,4 @@
-"""/health/live, /health/ready and /metrics: every SPEC §8 metric exposed with a value computed from the rows."""
+"""/health/live, /health/ready and /metrics: every metric of docs/reference/metrics.md, computed from the rows."""
 
 from datetime import timedelta
 

@@ -295,7 +295,7 @@ class Audit:
 
 
 def audit_book(seeded: SeededBook, proxy, *, expect_final_states: bool = True) -> Audit:
-    """Check a drained book against SPEC §4 and §9; problems are listed, not raised.
+    """Check a drained book against docs/reference/guarantees.md; problems are listed, not raised.
 
     - exactly one non-void invoice per (subscription, period), for each period the subscription
       has passed (anchor … ``next_billing_at``), none beyond;

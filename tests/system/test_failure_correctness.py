@@ -1,4 +1,4 @@
-"""Correctness under failure (SPEC §9, issue 9): kill it anywhere, race it, nothing lost or billed twice.
+"""Correctness under failure (docs/reference/guarantees.md): kill it anywhere, race it, nothing lost or billed twice.
 
 Every experiment runs real processes against one PostgreSQL and the real ``stripe`` library
 talking to localstripe through the fault-injecting, idempotency-keeping proxy
@@ -367,7 +367,7 @@ RECEIVERS = {
 
 
 def subscribed(enabled_events: list[str], event_type: str) -> bool:
-    """SPEC §6 matching: ``*``, an exact type, or a ``prefix.*`` wildcard."""
+    """docs/reference/webhooks.md matching: ``*``, an exact type, or a ``prefix.*`` wildcard."""
     return any(
         pattern == "*" or pattern == event_type or (pattern.endswith(".*") and event_type.startswith(pattern[:-1]))
         for pattern in enabled_events

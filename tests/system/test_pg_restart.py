@@ -1,4 +1,4 @@
-"""Correctness under failure, experiment 6 (SPEC §9, issue 9): PostgreSQL restarted mid-drain.
+"""Correctness under failure, experiment 6 (docs/reference/guarantees.md): PostgreSQL restarted mid-drain.
 
 The shared embedded server (var/pgdata) serves every other suite, so this test starts its own
 PostgreSQL (pgserver, in a temporary directory deleted afterwards), migrates a database on it,

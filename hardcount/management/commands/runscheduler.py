@@ -1,4 +1,4 @@
-"""``python manage.py runscheduler``: the scheduler runtime in the foreground (SPEC §3).
+"""``python manage.py runscheduler``: the scheduler runtime in the foreground (docs/reference/roles-and-leases.md).
 
 Runs one ticker thread per role (each under its leader lease) and the leaderless services
 until SIGTERM or SIGINT, then stops every role at its next safe point, releases the leases
