@@ -18,14 +18,11 @@ from datetime import datetime
 from django.db import transaction
 
 from billing.events import ledger_entry_event
-from billing.lock_objects import customer_locked, customer_qs_select_for_update
+from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer, Invoice, LedgerEntry
 from billing.services.catalog import billing_now
 from hardcount.errors import InvalidRequestError, NotFoundError
 from hardcount.money import MAX_AMOUNT, normalize_currency
-
-# The former name of billing.lock_objects.customer_locked, for callers not switched to it yet.
-lock_customer = customer_locked
 
 
 def _append_locked(
