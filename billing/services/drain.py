@@ -33,6 +33,7 @@ from billing.services.close import hooks as close_hooks
 from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
     Outcome,
+    OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
     billing_time,
@@ -509,4 +510,4 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)
-    return outcome.kind != BillingAttempt.Outcome.FAILED
+    return outcome.kind != OutcomeKind.FAILED
