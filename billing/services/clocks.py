@@ -1,4 +1,4 @@
-"""Test clocks (SPEC §2, §4): create, delete, and advance month after month in the background.
+"""Test clocks (docs/reference/domain.md#test-clocks): create, delete, and advance month after month in the background.
 
 A test clock is a test-mode ``frozen_time``. Customers and subscriptions attached to it are
 billed by that time only: the wall-clock drain never touches them, and everything the close
@@ -398,7 +398,7 @@ def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime |
     return first
 
 
-# --- dunning (SPEC §5): the clock's dunning runs are due by the clock, like its subscriptions ------------------------
+# --- dunning (docs/reference/dunning.md): the clock's dunning runs are due by the clock, like its subscriptions -----
 
 
 def _dunning_process(clock: TestClock, instant: datetime) -> int:

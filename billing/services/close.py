@@ -1,4 +1,4 @@
-"""Closing one subscription period: the three crash-safe steps of SPEC §4.
+"""Closing one subscription period: the three crash-safe steps of docs/reference/billing.md#closing-a-period.
 
 1. One transaction: lock the subscription and re-check it is still due for the claimed period;
    materialise the period's invoice (``INSERT … ON CONFLICT DO NOTHING`` on the unique index,
@@ -182,14 +182,16 @@ def _guarded(
     fence: Fence,
     manual_retry: bool,
 ) -> Outcome:
-    """Run a close's ``steps``; a failure becomes its :class:`Outcome` (saved on the subscription as SPEC §4 says)."""
+    """Run a close's ``steps``; a failure becomes its :class:`Outcome` (saved on the subscription where
+    docs/reference/billing.md#retry-ladder says so)."""
     try:
         return steps()
     except LeaseLost:
         raise
     except (OperationalError, InterfaceError) as exc:
         # A serialization or deadlock abort, or a lost connection: not saved on the subscription
-        # (SPEC §4); the run's exclude list keeps it from being retried in this run.
+        # (docs/reference/billing.md#failures-that-are-not-saved); the run's exclude list keeps it
+        # from being retried in this run.
         log.warning("close of %s hit a database error (not saved): %s", subscription_id, exc)
         outcome = Outcome(OutcomeKind.FAILED, error=f"database: {exc}")
         _best_effort_attempt_row(

@@ -150,7 +150,7 @@ def grant_credit(
     Positive ``amount`` grants credit (reason ``grant``), negative records a debit (reason
     ``adjustment``). ``currency`` defaults to the customer's; the balance has one currency
     (decision 0051). Credit granted after an invoice was finalised goes to the next invoice:
-    finalised invoices are frozen (SPEC §4). Raises :class:`NotFoundError` for an unknown
+    finalised invoices are frozen (docs/reference/domain.md#credit-ledger). Raises :class:`NotFoundError` for an unknown
     customer (or one of another tenant or mode) and :class:`InvalidRequestError` for a zero or
     out-of-range amount, an unknown currency, or a currency other than the balance's.
     """

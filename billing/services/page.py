@@ -14,7 +14,7 @@ a page at a time:
    period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
    finalise every plain close's invoice with its line, take the tenant's gapless numbers in one
    counter update, reserve each first payment attempt, and emit ``invoice.created`` and
-   ``invoice.finalized``, as SPEC §4 step 1 asks of each close.
+   ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
 3. :func:`record_page`, one transaction: lock subscriptions, invoices, attempts and customers (the
    order every billing writer uses, :mod:`billing.lock_objects`), record each successful charge,

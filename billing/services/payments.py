@@ -315,7 +315,7 @@ def advance_period_locked(subscription: Subscription, invoice: Invoice) -> None:
 
 
 def clear_failure_state(subscription: Subscription) -> None:
-    """A successful close clears the failure state (SPEC §4)."""
+    """A successful close clears the failure state (docs/reference/billing.md#retry-ladder)."""
     subscription.billing_failure_count = 0
     subscription.next_billing_attempt_at = None
     subscription.billing_parked_at = None
@@ -358,7 +358,8 @@ def act_on_declined_locked(
     subscription: Subscription | None, invoice: Invoice, *, now: datetime, decline_code: str
 ) -> None:
     """The subscription side of a declined invoice: advance the period (the invoice stays open),
-    ``past_due``, and the dunning run of the invoice (SPEC §4: a declined invoice gets dunning)."""
+    ``past_due``, and the dunning run of the invoice (a declined invoice gets dunning,
+    docs/reference/dunning.md#dunning-runs)."""
     if subscription is not None:
         advanced = is_current_period(subscription, invoice)
         if advanced:
@@ -380,7 +381,7 @@ def save_failure_locked(subscription: Subscription, *, error: str, fresh: bool =
     """Save a failed close on a wall-clock subscription (locked): one more failure on the retry
     ladder, ``subscription.billing_failed`` (or ``subscription.billing_parked`` for the 8th).
     Returns ``(failure_number, parked)``. Test-clock subscriptions keep the reason on the clock
-    instead (SPEC §4: their failures are not saved)."""
+    instead (their failures are not saved, docs/reference/billing.md#failures-that-are-not-saved)."""
     if subscription.test_clock_id:
         TestClock.objects.filter(pk=subscription.test_clock_id).update(last_failure=error[:2000])
         return 0, False
