@@ -511,7 +511,8 @@ class InvoiceCounterAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    """The credit ledger: append-only, so no change, no delete, not even for superusers (SPEC §2)."""
+    """The credit ledger: append-only, so no change, no delete, not even for superusers
+    (docs/reference/domain.md#credit-ledger)."""
 
     list_display = ("id", "created_at", "customer", "reason", "amount_display", "balance_display", "invoice")
     list_filter = (*SCOPE_FILTERS, "reason")

@@ -6,7 +6,8 @@
 retries are off: every retry is a decision of the caller, made with an idempotency key the
 caller chose (docs/decisions/0011-payment-attempts-and-idempotency-keys.md).
 
-Idempotency keys (SPEC §4), all derived from Hardcount ids so a crashed process re-derives them:
+Idempotency keys (docs/reference/billing.md#idempotency-keys), all derived from Hardcount ids so a crashed
+process re-derives them:
 
 - ``hc:{invoice_id}:create`` creates and confirms the invoice's one PaymentIntent;
 - ``hc:{invoice_id}:attempt:{n}`` confirms it again for payment attempt ``n`` (a ladder or

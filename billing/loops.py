@@ -52,7 +52,7 @@ class BillingRole:
         for livemode, mode in MODES:
             if not ctx.fence.alive():
                 return counts
-            run = drain_due(livemode=livemode, trigger="scheduler", fence=ctx.fence, on_page=ctx.stamp)
+            run = drain_due(livemode=livemode, trigger=BillingRun.Trigger.SCHEDULER, fence=ctx.fence, on_page=ctx.stamp)
             if run.status == BillingRun.FAILED:
                 failed_runs.append(f"{run.id} ({mode}): {run.error}")
             counts[f"{mode}_run"] = run.id

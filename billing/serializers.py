@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
+from billing.models.subscriptions import SubscriptionStatus
 from billing.periods import INTERVALS
 from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
 from hardcount.api import (
@@ -33,7 +34,7 @@ from hardcount.api import (
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 
 CURRENCIES = sorted(CURRENCY_EXPONENTS)
-SUBSCRIPTION_STATUSES = ["trialing", "active", "past_due", "unpaid", "canceled"]
+SUBSCRIPTION_STATUSES = SubscriptionStatus.values
 BILLING_STATES = ["ok", "waiting", "parked"]
 INVOICE_STATUSES = ["draft", "open", "paid", "void", "uncollectible"]
 

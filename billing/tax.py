@@ -4,7 +4,7 @@ The close asks the configured provider (``settings.HARDCOUNT_TAX_PROVIDER``, a d
 class taking no arguments) for the tax on an invoice's subtotal. A provider that cannot answer
 raises :class:`TaxUnavailable`: the invoice then waits as a draft with ``tax_status=pending``,
 the subscription's period advances, and the billing tick's reconciler finalises and charges the
-invoice when the provider answers again (SPEC §4).
+invoice when the provider answers again (docs/reference/billing.md#tax-pending).
 
 Tax is computed on the subtotal (the sum of the lines); the customer's credit balance is applied
 after tax, to the total, as Stripe applies a customer balance.

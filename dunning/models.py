@@ -1,4 +1,4 @@
-"""Dunning: retry schedules for declined invoices, and their runs (SPEC §5)."""
+"""Dunning: retry schedules for declined invoices, and their runs (docs/reference/dunning.md)."""
 
 from django.db import models
 from django.utils import timezone
@@ -6,7 +6,7 @@ from django.utils import timezone
 from hardcount.ids import id_field
 from hardcount.models import TenantScoped
 
-# Retry 1, 3, 5 and 7 days after the first decline (SPEC §5).
+# Retry 1, 3, 5 and 7 days after the first decline (docs/reference/dunning.md#schedule).
 DEFAULT_RETRY_DAYS = (1, 3, 5, 7)
 
 

@@ -36,7 +36,7 @@ from dunning.representations import dunning_run_data
 from dunning.schedule import last_retry_at, next_retry_at, retry_at
 from hardcount.errors import InvalidRequestError
 from hardcount.times import database_now
-from outbox.services import emit_event
+from outbox.services import emit_for
 
 # The policy's final actions (``unpaid`` or ``canceled``), for callers that may not import the models.
 FinalAction = DunningSettings.FinalAction
@@ -118,7 +118,7 @@ def _invoice_clock_id(invoice) -> str | None:
 
 def emit_run_event(run: DunningRun, type_: str, at: datetime) -> None:
     """Emit ``type_`` (``dunning.retry_scheduled``, ``dunning.exhausted``) with the run's representation."""
-    emit_event(tenant_id=run.tenant_id, livemode=run.livemode, type=type_, data=dunning_run_data(run), created_at=at)
+    emit_for(run, type_, dunning_run_data(run), created_at=at)
 
 
 # --- what billing's payments call -------------------------------------------------------------------------------------

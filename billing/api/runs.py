@@ -18,8 +18,6 @@ from billing.services.drain import drain_due, retry_billing
 from hardcount.api import ApiView, id_path_parameter, is_id, list_of
 from hardcount.errors import ResourceMissing
 
-_BILLED = ("billed", "declined", "tax_pending")
-
 
 def _render_run(run: BillingRun) -> dict:
     counts = None
@@ -38,8 +36,8 @@ class _RunsMixin:
             .filter(Q(tenant_id=self.tenant.pk) | (Q(tenant__isnull=True) & touched))
             .annotate(
                 t_attempted=Count("attempts", filter=mine),
-                t_billed=Count("attempts", filter=mine & Q(attempts__outcome__in=_BILLED)),
-                t_failed=Count("attempts", filter=mine & Q(attempts__outcome="failed")),
+                t_billed=Count("attempts", filter=mine & Q(attempts__outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
+                t_failed=Count("attempts", filter=mine & Q(attempts__outcome=BillingAttempt.Outcome.FAILED)),
             )
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from billing import models as billing_models
 from billing.serializers import CURRENCIES
 from hardcount.api import (
     STARTING_AFTER_HELP,
@@ -71,13 +72,13 @@ class BillingRun(serializers.Serializer):
     id = serializers.CharField()
     object = object_field("billing_run")
     livemode = serializers.BooleanField()
-    trigger = serializers.ChoiceField(choices=["scheduler", "manual", "test_clock"])
+    trigger = serializers.ChoiceField(choices=billing_models.BillingRun.Trigger.values)
     scope = serializers.ChoiceField(
         choices=["tenant", "all_tenants"],
         help_text="`all_tenants`: a scheduler run; its counts are your subscriptions' only and `pages` is null.",
     )
     test_clock = serializers.CharField(allow_null=True)
-    status = serializers.ChoiceField(choices=["running", "completed", "failed", "abandoned"])
+    status = serializers.ChoiceField(choices=billing_models.BillingRun.Status.values)
     as_of = serializers.DateTimeField(help_text="The billing time: the database's now(), or the test clock's time.")
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -96,7 +97,7 @@ class BillingAttempt(serializers.Serializer):
     billing_run = serializers.CharField()
     subscription = serializers.CharField()
     invoice = serializers.CharField(allow_null=True)
-    outcome = serializers.ChoiceField(choices=["billed", "declined", "tax_pending", "failed", "skipped"])
+    outcome = serializers.ChoiceField(choices=billing_models.BillingAttempt.Outcome.values)
     error = serializers.CharField(allow_null=True)
     failure_number = serializers.IntegerField(
         help_text="The subscription's billing_failure_count after this attempt (0 when it did not fail)."

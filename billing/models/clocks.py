@@ -11,7 +11,8 @@ class TestClock(TenantScoped):
 
     ``status`` is ``ready`` or ``advancing`` (an advance runs in the background);
     ``last_failure`` keeps the reason of the latest close that failed on this clock,
-    since failures on a clock are not saved on the subscription (SPEC §4).
+    since failures on a clock are not saved on the subscription
+    (docs/reference/billing.md#failures-that-are-not-saved).
     """
 
     __test__ = False  # not a pytest test class despite its name

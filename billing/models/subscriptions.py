@@ -28,7 +28,8 @@ class Subscription(TenantScoped):
 
     Billing periods are ``billing_cycle_anchor + n × interval`` (see
     :mod:`billing.periods`); ``periods_billed`` is the n of the first period not yet
-    invoiced, whose start is ``next_billing_at``. The failure state (SPEC §4):
+    invoiced, whose start is ``next_billing_at``. The failure state
+    (docs/reference/domain.md#billing-failure-state):
     ``billing_failure_count`` failures in a row, the subscription waits until
     ``next_billing_attempt_at``; ``billing_parked_at`` is set by the eighth failure and
     only an operator's retry-billing clears it.

@@ -7,7 +7,7 @@ currencies, times relative to "now"), writes the change and emits its event with
 :class:`~hardcount.errors.NotFoundError` exactly like an id that never existed.
 
 "Now" is the billing time: PostgreSQL's ``now()`` for wall-clock objects, the test clock's
-``frozen_time`` for objects on a test clock (SPEC §2, §3: one clock authority).
+``frozen_time`` for objects on a test clock (one clock authority: docs/reference/roles-and-leases.md#one-clock).
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def create_subscription(
     """Subscribe a customer to a price and emit ``subscription.created``.
 
     The subscription takes the customer's test clock, if any, and "now" is then the
-    clock's time. Billing is in advance (SPEC §2): ``next_billing_at`` is the anchor, so
+    clock's time. Billing is in advance
+    (docs/reference/domain.md#billing-in-advance-and-the-first-period): ``next_billing_at`` is the anchor, so
     the next drain bills the first period. The anchor defaults to now; with a trial
     (``trial_end``, or ``trial_period_days`` from now) the anchor is the trial's end, the
     status ``trialing`` and the current period the trial (decision 0004).

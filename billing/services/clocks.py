@@ -1,4 +1,4 @@
-"""Test clocks (SPEC §2, §4): create, delete, and advance month after month in the background.
+"""Test clocks (docs/reference/domain.md#test-clocks): create, delete, and advance month after month in the background.
 
 A test clock is a test-mode ``frozen_time``. Customers and subscriptions attached to it are
 billed by that time only: the wall-clock drain never touches them, and everything the close
@@ -35,15 +35,15 @@ from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Max
 
+from billing.events import test_clock_event
 from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
-from billing.representations import test_clock_data
+from billing.models.subscriptions import BILLABLE_STATUSES
 from billing.services import dunning_pass
 from billing.services.drain import drain_due
 from billing.services.payments import in_flight_window
 from dunning import services as dunning_services
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.times import database_now, iso
-from outbox.services import emit_event
 
 log = logging.getLogger("billing.clocks")
 
@@ -60,9 +60,6 @@ MAX_ADVANCE = relativedelta(years=5)
 # measured 72 invoices/s with 1, 78 with 2, 48 with 4 and 34 with 8 (the drain's default).
 ADVANCE_CONCURRENCY = 2
 
-BILLABLE = Subscription.BILLABLE_STATUSES
-# A close with one of these outcomes moved its subscription to its next period.
-CLOSED_OUTCOMES = (BillingAttempt.BILLED, BillingAttempt.DECLINED, BillingAttempt.TAX_PENDING)
 
 # TRY_ADVANCE_LOCK: the session advisory lock an advancer holds for its whole walk. Session
 # scoped, so it outlives the walk's transactions and dies with the connection: a crashed
@@ -137,13 +134,7 @@ def create_test_clock(*, tenant_id: str, livemode: bool, frozen_time: datetime, 
     _check_frozen_time(frozen_time)
     with transaction.atomic():
         clock = TestClock.objects.create(tenant_id=tenant_id, livemode=livemode, frozen_time=frozen_time, name=name)
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="test_clock.created",
-            data=test_clock_data(clock),
-            created_at=clock.frozen_time,
-        )
+        test_clock_event(clock, "test_clock.created")
     return clock
 
 
@@ -165,15 +156,8 @@ def delete_test_clock(*, tenant_id: str, livemode: bool, clock_id: str) -> TestC
                 f"Customers or subscriptions are attached to test clock {clock.id}; a clock with billing history "
                 "cannot be deleted."
             )
-        data = test_clock_data(clock)
         TestClock.objects.filter(pk=clock.id).delete()
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="test_clock.deleted",
-            data=data,
-            created_at=clock.frozen_time,
-        )
+        test_clock_event(clock, "test_clock.deleted")
     return clock
 
 
@@ -371,7 +355,10 @@ def _process_instant(clock: TestClock, instant: datetime) -> bool:
     )
     if run.status == BillingRun.FAILED:
         raise AdvanceFailed(f"billing run {run.id} at {iso(instant)} ended: {run.error}")
-    closed = BillingAttempt.objects.filter(run=run, outcome__in=CLOSED_OUTCOMES).values("subscription_id")
+    # The outcomes a run counts as billed are those whose close moved the subscription to its next period.
+    closed = BillingAttempt.objects.filter(run=run, outcome__in=BillingAttempt.COUNTED_AS_BILLED).values(
+        "subscription_id"
+    )
     return _billable(clock).filter(pk__in=closed, next_billing_at__lte=instant).exists()
 
 
@@ -395,7 +382,10 @@ def _next_instant(clock: TestClock, *, after: datetime, target: datetime) -> dat
 def _billable(clock: TestClock):
     """The clock's subscriptions the drain may bill (billable status, not parked, a next billing time)."""
     return Subscription.objects.filter(
-        test_clock_id=clock.id, status__in=BILLABLE, billing_parked_at__isnull=True, next_billing_at__isnull=False
+        test_clock_id=clock.id,
+        status__in=BILLABLE_STATUSES,
+        billing_parked_at__isnull=True,
+        next_billing_at__isnull=False,
     )
 
 
@@ -408,7 +398,7 @@ def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime |
     return first
 
 
-# --- dunning (SPEC §5): the clock's dunning runs are due by the clock, like its subscriptions ------------------------
+# --- dunning (docs/reference/dunning.md): the clock's dunning runs are due by the clock, like its subscriptions -----
 
 
 def _dunning_process(clock: TestClock, instant: datetime) -> int:
@@ -448,13 +438,7 @@ def _finish(clock_id: str) -> None:
                 "closed during the advance; the next advance tries them again."
             )
         clock.save(update_fields=["frozen_time", "status", "advance_target", "last_failure"])
-        emit_event(
-            tenant_id=clock.tenant_id,
-            livemode=clock.livemode,
-            type="test_clock.advanced",
-            data=test_clock_data(clock),
-            created_at=clock.frozen_time,
-        )
+        test_clock_event(clock, "test_clock.advanced")
 
 
 def _stop_where_it_got(clock_id: str, exc: Exception) -> None:
@@ -471,13 +455,7 @@ def _stop_where_it_got(clock_id: str, exc: Exception) -> None:
                 f"advance to {iso(target)} stopped at {iso(clock.frozen_time)}: {type(exc).__name__}: {exc}"
             )[:2000]
             clock.save(update_fields=["status", "advance_target", "last_failure"])
-            emit_event(
-                tenant_id=clock.tenant_id,
-                livemode=clock.livemode,
-                type="test_clock.advanced",
-                data=test_clock_data(clock),
-                created_at=clock.frozen_time,
-            )
+            test_clock_event(clock, "test_clock.advanced")
     except DatabaseError:
         log.exception("could not record the failed advance of %s; it stays advancing until resumed", clock_id)
 

@@ -1,4 +1,4 @@
-"""Closing one subscription period: the three crash-safe steps of SPEC §4.
+"""Closing one subscription period: the three crash-safe steps of docs/reference/billing.md#closing-a-period.
 
 1. One transaction: lock the subscription and re-check it is still due for the claimed period;
    materialise the period's invoice (``INSERT … ON CONFLICT DO NOTHING`` on the unique index,
@@ -26,13 +26,14 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
 from billing.lock_objects import customer_locked, invoice_qs_select_for_update, subscription_qs_select_for_update
-from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.models import BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
 from billing.periods import period_bounds
 from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
 from billing.services.ledger import apply_balance_locked
 from billing.services.payments import (
     ChargePlan,
     Outcome,
+    OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
     advance_period_locked,
@@ -45,11 +46,11 @@ from billing.services.payments import (
     save_failure_locked,
     send,
     settle_without_charge_locked,
+    wall_clock_now,
     write_billing_attempt,
 )
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
-from hardcount.times import database_now
 from outbox import services as outbox_services
 
 log = logging.getLogger("billing.close")
@@ -181,16 +182,18 @@ def _guarded(
     fence: Fence,
     manual_retry: bool,
 ) -> Outcome:
-    """Run a close's ``steps``; a failure becomes its :class:`Outcome` (saved on the subscription as SPEC §4 says)."""
+    """Run a close's ``steps``; a failure becomes its :class:`Outcome` (saved on the subscription where
+    docs/reference/billing.md#retry-ladder says so)."""
     try:
         return steps()
     except LeaseLost:
         raise
     except (OperationalError, InterfaceError) as exc:
         # A serialization or deadlock abort, or a lost connection: not saved on the subscription
-        # (SPEC §4); the run's exclude list keeps it from being retried in this run.
+        # (docs/reference/billing.md#failures-that-are-not-saved); the run's exclude list keeps it
+        # from being retried in this run.
         log.warning("close of %s hit a database error (not saved): %s", subscription_id, exc)
-        outcome = Outcome(BillingAttempt.Outcome.FAILED, error=f"database: {exc}")
+        outcome = Outcome(OutcomeKind.FAILED, error=f"database: {exc}")
         _best_effort_attempt_row(
             run, subscription_id, outcome=outcome, test_clock_id=test_clock_id, as_of=as_of, fence=fence
         )
@@ -229,9 +232,7 @@ def _prepare(
             as_of=as_of,
             manual_retry=manual_retry,
         ):
-            outcome = Outcome(
-                BillingAttempt.Outcome.SKIPPED, error="not due for this period any more, or being closed elsewhere"
-            )
+            outcome = Outcome(OutcomeKind.SKIPPED, error="not due for this period any more, or being closed elsewhere")
             write_billing_attempt(run, subscription_id, outcome, now=billing_time(test_clock_id, as_of))
             return outcome
         sub = Subscription.objects.select_related("price").get(pk=subscription_id)
@@ -276,22 +277,21 @@ def _prepare(
         if invoice.status in (Invoice.PAID, Invoice.UNCOLLECTIBLE):
             # Settled but not advanced (cannot happen through the close; defensive).
             act_on_paid_locked(sub, invoice, now=now)
-            outcome = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
+            outcome = Outcome(OutcomeKind.BILLED, invoice.id)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
 
         if needs_no_charge(invoice):
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
-            outcome = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
+            outcome = Outcome(OutcomeKind.BILLED, invoice.id)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         try:
-            # The DB's now() is the same all through this transaction: reuse it for wall-clock subscriptions.
-            wall_now = now if test_clock_id is None and as_of is None else database_now()
+            wall_now = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
             plan = reserve_attempt_locked(invoice, customer, now=wall_now, first_attempt=bool(inserted))
         except PaymentInFlight as exc:
-            outcome = Outcome(BillingAttempt.Outcome.SKIPPED, invoice.id, error=exc.message)
+            outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=exc.message)
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         if plan.known_result is not None:
@@ -440,9 +440,7 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
             sub.status = Subscription.ACTIVE
         sub.save()
         subscription_event(sub, "subscription.updated", created_at=now)
-    outcome = Outcome(
-        BillingAttempt.Outcome.TAX_PENDING, invoice.id, error="tax provider unavailable: invoice waits as a draft"
-    )
+    outcome = Outcome(OutcomeKind.TAX_PENDING, invoice.id, error="tax provider unavailable: invoice waits as a draft")
     write_billing_attempt(run, sub.id, outcome, now=now)
     return outcome
 
@@ -456,7 +454,7 @@ def _cancel_at_period_end_locked(sub: Subscription, run: BillingRun | None, now:
     clear_failure_state(sub)
     sub.save()
     subscription_event(sub, "subscription.canceled", created_at=now)
-    outcome = Outcome(BillingAttempt.Outcome.SKIPPED, error="canceled at period end")
+    outcome = Outcome(OutcomeKind.SKIPPED, error="canceled at period end")
     write_billing_attempt(run, sub.id, outcome, now=now)
     return outcome
 
@@ -473,7 +471,7 @@ def _save_exception(
     manual_retry: bool,
 ) -> Outcome:
     """An exception in the close is a failure: saved on the subscription if it is still on that period."""
-    outcome = Outcome(BillingAttempt.Outcome.FAILED, error=error)
+    outcome = Outcome(OutcomeKind.FAILED, error=error)
     try:
         with transaction.atomic():
             fence.check()

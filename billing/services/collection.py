@@ -26,9 +26,9 @@ from enum import StrEnum
 
 from django.db import transaction
 
+from billing.events import invoice_event, subscription_event
+from billing.lock_objects import customer_locked, subscription_and_invoice_locked
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.representations import invoice_data, subscription_data
-from billing.services.ledger import lock_customer
 from billing.services.payments import (
     Outcome,
     OutcomeKind,
@@ -48,7 +48,6 @@ from dunning import services as dunning_services
 from dunning.services import FinalAction
 from hardcount.fencing import NO_FENCE, Fence
 from hardcount.times import database_now
-from outbox.services import emit_event
 
 
 class CollectionKind(StrEnum):
@@ -73,12 +72,10 @@ class CollectionResult:
 def _lock(invoice_id: str) -> tuple[Subscription | None, Invoice]:
     """Lock the invoice's subscription, then the invoice (the billing lock order)."""
     subscription_id = Invoice.objects.filter(pk=invoice_id).values_list("subscription_id", flat=True).get()
-    subscription = None
-    if subscription_id:
-        subscription = (
-            Subscription.objects.select_for_update(of=("self",)).select_related("price").get(pk=subscription_id)
-        )
-    return subscription, Invoice.objects.select_for_update().get(pk=invoice_id)
+    subscription, invoice = subscription_and_invoice_locked(invoice_id, subscription_id=subscription_id)
+    if invoice is None:  # gone since it was read (invoices are not deleted): as a plain get() would raise
+        raise Invoice.DoesNotExist(f"Invoice {invoice_id} does not exist.")
+    return subscription, invoice
 
 
 def retry_invoice_payment(
@@ -104,7 +101,7 @@ def retry_invoice_payment(
         if skip is not None:
             _skipped_locked(run_id, skip, invoice.status, as_of=as_of)
             return CollectionResult(skip, invoice.status)
-        customer = lock_customer(invoice.customer_id)
+        customer = customer_locked(invoice.customer_id)
         if needs_no_charge(invoice):
             # Not reachable for a declined invoice (its amount was charged once); settled like
             # POST /v1/invoices/{id}/pay would, for completeness.
@@ -162,13 +159,7 @@ def mark_uncollectible(
         invoice.status = Invoice.UNCOLLECTIBLE
         invoice.marked_uncollectible_at = now
         invoice.save(update_fields=["status", "marked_uncollectible_at"])
-        emit_event(
-            tenant_id=invoice.tenant_id,
-            livemode=invoice.livemode,
-            type="invoice.marked_uncollectible",
-            data=invoice_data(invoice),
-            created_at=now,
-        )
+        invoice_event(invoice, "invoice.marked_uncollectible", created_at=now)
         if subscription is not None:
             _apply_final_action_locked(subscription, final_action, now=now)
         dunning_services.exhaust_locked(
@@ -215,13 +206,7 @@ def _apply_final_action_locked(subscription: Subscription, final_action: FinalAc
         clear_failure_state(subscription)
         subscription.save()
         event_type = "subscription.canceled"
-    emit_event(
-        tenant_id=subscription.tenant_id,
-        livemode=subscription.livemode,
-        type=event_type,
-        data=subscription_data(subscription),
-        created_at=now,
-    )
+    subscription_event(subscription, event_type, created_at=now)
 
 
 __all__ = [

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from billing.events import customer_event
+from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer
-from billing.representations import customer_data
 from billing.services.catalog import billing_now
 from dunning import services as dunning_services
 from hardcount.errors import NotFoundError
-from outbox.services import emit_event
 
 UPDATABLE_FIELDS = ("email", "name", "external_id", "default_payment_method", "metadata")
 
@@ -34,7 +34,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
         raise TypeError(f"cannot update customer fields {sorted(unknown)}")
     with transaction.atomic():
         customer = (
-            Customer.objects.select_for_update(of=("self",))
+            customer_qs_select_for_update()
             .select_related("test_clock")
             .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
             .first()
@@ -48,13 +48,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
             setattr(customer, name, changes[name])
         customer.save(update_fields=changed)
         now = billing_now(customer.test_clock)
-        emit_event(
-            tenant_id=tenant_id,
-            livemode=livemode,
-            type="customer.updated",
-            data=customer_data(customer),
-            created_at=now,
-        )
+        customer_event(customer, "customer.updated", created_at=now)
         if "default_payment_method" in changed and customer.default_payment_method:
             dunning_services.payment_method_changed(customer.id, at=now)
     return customer

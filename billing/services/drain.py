@@ -1,4 +1,4 @@
-"""The billing drain (SPEC §4), the reconciler, and an operator's retry-billing.
+"""The billing drain (docs/reference/billing.md#the-drain), the reconciler, and an operator's retry-billing.
 
 ``drain_due`` bills page after page of due subscriptions until a page comes back empty;
 ``page_size`` is a page size, never a cap. Each page is claimed with ``FOR UPDATE SKIP
@@ -33,6 +33,7 @@ from billing.services.close import hooks as close_hooks
 from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
     Outcome,
+    OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
     billing_time,
@@ -98,7 +99,8 @@ def drain_due(
     run = _start_run(
         livemode=livemode, trigger=trigger, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
     )
-    # SQL exclude list: attempted subscriptions still due after their attempt (SPEC §4). Every
+    # SQL exclude list: attempted subscriptions still due after their attempt
+    # (docs/reference/billing.md#exclude-list). Every
     # attempted id is also remembered here, so one that becomes due again later in the run (its
     # next period starts meanwhile) is excluded when a claim returns it, not closed twice.
     exclude: list[str] = []
@@ -509,4 +511,4 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)
-    return outcome.kind != BillingAttempt.Outcome.FAILED
+    return outcome.kind != OutcomeKind.FAILED

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from billing.events import invoice_event, subscription_event
+from billing.lock_objects import customer_locked, subscription_and_invoice_locked
 from billing.models import Invoice, PaymentAttempt, Subscription
-from billing.representations import invoice_data, subscription_data
-from billing.services.ledger import lock_customer, return_credit_locked
+from billing.services.ledger import return_credit_locked
 from billing.services.payments import (
     Outcome,
     OutcomeKind,
@@ -31,7 +32,6 @@ from dunning import services as dunning_services
 from hardcount.errors import NotFoundError, StateConflictError
 from hardcount.fencing import NO_FENCE, Fence
 from hardcount.times import database_now
-from outbox.services import emit_event
 
 
 class InvoiceStateError(StateConflictError):
@@ -49,10 +49,9 @@ def _lock_invoice_and_subscription(
     )
     if found is None:
         raise NotFoundError(f"No such invoice: '{invoice_id}'.", param="id")
-    sub = None
-    if found.subscription_id:
-        sub = Subscription.objects.select_for_update(of=("self",)).select_related("price").get(pk=found.subscription_id)
-    invoice = Invoice.objects.select_for_update().get(pk=invoice_id)
+    sub, invoice = subscription_and_invoice_locked(invoice_id, subscription_id=found.subscription_id)
+    if invoice is None:  # gone since it was read (invoices are not deleted): as a plain get() would raise
+        raise Invoice.DoesNotExist(f"Invoice {invoice_id} does not exist.")
     return invoice, sub
 
 
@@ -76,7 +75,7 @@ def pay_invoice(
             raise InvoiceStateError(
                 f"Invoice {invoice.id} is {invoice.status}{detail}; only open invoices can be paid."
             )
-        customer = lock_customer(invoice.customer_id)
+        customer = customer_locked(invoice.customer_id)
         now = billing_time(invoice_clock_id(invoice, sub))
         if needs_no_charge(invoice):
             attempt = settle_without_charge_locked(invoice, customer, now=now)
@@ -112,17 +111,11 @@ def void_invoice(invoice_id: str, *, tenant_id: str, livemode: bool) -> Invoice:
             )
         now = billing_time(invoice_clock_id(invoice, sub))
         if invoice.credit_applied:
-            return_credit_locked(lock_customer(invoice.customer_id), invoice, at=now)
+            return_credit_locked(customer_locked(invoice.customer_id), invoice, at=now)
         invoice.status = Invoice.VOID
         invoice.voided_at = now
         invoice.save(update_fields=["status", "voided_at"])
-        emit_event(
-            tenant_id=invoice.tenant_id,
-            livemode=invoice.livemode,
-            type="invoice.voided",
-            data=invoice_data(invoice),
-            created_at=now,
-        )
+        invoice_event(invoice, "invoice.voided", created_at=now)
         dunning_services.stop_dunning(invoice, ended_at=now)
         if (
             sub is not None
@@ -131,11 +124,5 @@ def void_invoice(invoice_id: str, *, tenant_id: str, livemode: bool) -> Invoice:
         ):
             sub.status = Subscription.ACTIVE
             sub.save()
-            emit_event(
-                tenant_id=sub.tenant_id,
-                livemode=sub.livemode,
-                type="subscription.updated",
-                data=subscription_data(sub),
-                created_at=now,
-            )
+            subscription_event(sub, "subscription.updated", created_at=now)
     return invoice

@@ -18,14 +18,11 @@ from datetime import datetime
 from django.db import transaction
 
 from billing.events import ledger_entry_event
-from billing.lock_objects import customer_locked, customer_qs_select_for_update
+from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer, Invoice, LedgerEntry
 from billing.services.catalog import billing_now
 from hardcount.errors import InvalidRequestError, NotFoundError
 from hardcount.money import MAX_AMOUNT, normalize_currency
-
-# The former name of billing.lock_objects.customer_locked, for callers not switched to it yet.
-lock_customer = customer_locked
 
 
 def _append_locked(
@@ -153,7 +150,7 @@ def grant_credit(
     Positive ``amount`` grants credit (reason ``grant``), negative records a debit (reason
     ``adjustment``). ``currency`` defaults to the customer's; the balance has one currency
     (decision 0051). Credit granted after an invoice was finalised goes to the next invoice:
-    finalised invoices are frozen (SPEC §4). Raises :class:`NotFoundError` for an unknown
+    finalised invoices are frozen (docs/reference/domain.md#credit-ledger). Raises :class:`NotFoundError` for an unknown
     customer (or one of another tenant or mode) and :class:`InvalidRequestError` for a zero or
     out-of-range amount, an unknown currency, or a currency other than the balance's.
     """

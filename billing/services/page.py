@@ -14,7 +14,7 @@ a page at a time:
    period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
    finalise every plain close's invoice with its line, take the tenant's gapless numbers in one
    counter update, reserve each first payment attempt, and emit ``invoice.created`` and
-   ``invoice.finalized``, as SPEC §4 step 1 asks of each close.
+   ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
 3. :func:`record_page`, one transaction: lock subscriptions, invoices, attempts and customers (the
    order every billing writer uses, :mod:`billing.lock_objects`), record each successful charge,
@@ -57,6 +57,7 @@ from billing.services.payments import (
     PAID_FIELDS,
     ChargePlan,
     Outcome,
+    OutcomeKind,
     apply_result,
     billing_time,
     is_current_period,
@@ -66,10 +67,10 @@ from billing.services.payments import (
     note_gateway_ids,
     paid_changes,
     plan_for,
+    wall_clock_now,
 )
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
-from hardcount.times import database_now
 from outbox import services as outbox_services
 from outbox.services import emit_for
 
@@ -117,8 +118,7 @@ def prepare_page(
         fence.check()
         subs = _lock_due(periods, as_of=as_of, test_clock_id=test_clock_id)
         now = billing_time(test_clock_id, as_of)
-        # The DB's now() is the same all through this transaction: reuse it for wall-clock drains.
-        wall_now = now if test_clock_id is None and as_of is None else database_now()
+        wall_now = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
         bounds = {}
         for sub in subs:
             if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end:
@@ -245,7 +245,7 @@ def record_page(
             customer_qs_select_for_update(), [invoice.customer_id for invoice in invoices.values()]
         )
         now = billing_time(test_clock_id, as_of)
-        completed_at = now if test_clock_id is None and as_of is None else database_now()
+        completed_at = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
         changed_customers: dict[str, Customer] = {}
         recorded, changed_subs, rows = [], [], []
         for prepared, result in succeeded:
@@ -275,14 +275,14 @@ def record_page(
             if paid_changes(sub, invoice, other_open_invoices=False):
                 changed_subs.append(sub)
                 subscription_event(sub, "subscription.updated", created_at=now)
-            outcome = outcomes[sub.id] = Outcome(BillingAttempt.Outcome.BILLED, invoice.id)
+            outcome = outcomes[sub.id] = Outcome(OutcomeKind.BILLED, invoice.id)
             if run is not None:
                 rows.append(
                     BillingAttempt(
                         run=run,
                         subscription_id=sub.id,
                         invoice_id=invoice.id,
-                        outcome=outcome.kind,
+                        outcome=BillingAttempt.Outcome(outcome.kind),
                         created_at=now,
                     )
                 )

@@ -29,10 +29,11 @@ from django.conf import settings
 from django.db import transaction
 
 from billing import gateway as gw
+from billing.events import invoice_event, subscription_event
+from billing.lock_objects import charge_rows_locked
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.periods import period_start
 from billing.queries import record_billing_failure
-from billing.representations import invoice_data, subscription_data
 from billing.services.ledger import carry_debit_locked
 from dunning import services as dunning_services
 from hardcount.errors import StateConflictError
@@ -40,7 +41,6 @@ from hardcount.fencing import NO_FENCE, Fence
 from hardcount.money import minimum_charge
 from hardcount.times import database_now, iso
 from outbox import services as outbox_services
-from outbox.services import emit_event
 
 log = logging.getLogger("billing.payments")
 
@@ -264,13 +264,7 @@ def settle_without_charge_locked(invoice: Invoice, customer: Customer, *, now: d
     invoice.status = Invoice.PAID
     invoice.paid_at = now
     invoice.save(update_fields=["status", "paid_at"])
-    emit_event(
-        tenant_id=invoice.tenant_id,
-        livemode=invoice.livemode,
-        type="invoice.paid",
-        data=invoice_data(invoice),
-        created_at=now,
-    )
+    invoice_event(invoice, "invoice.paid", created_at=now)
     return attempt
 
 
@@ -321,21 +315,11 @@ def advance_period_locked(subscription: Subscription, invoice: Invoice) -> None:
 
 
 def clear_failure_state(subscription: Subscription) -> None:
-    """A successful close clears the failure state (SPEC §4)."""
+    """A successful close clears the failure state (docs/reference/billing.md#retry-ladder)."""
     subscription.billing_failure_count = 0
     subscription.next_billing_attempt_at = None
     subscription.billing_parked_at = None
     subscription.last_billing_error = ""
-
-
-def _emit_sub(subscription: Subscription, type_: str, at: datetime) -> None:
-    emit_event(
-        tenant_id=subscription.tenant_id,
-        livemode=subscription.livemode,
-        type=type_,
-        data=subscription_data(subscription),
-        created_at=at,
-    )
 
 
 def _has_other_open_invoices(subscription: Subscription, invoice: Invoice) -> bool:
@@ -350,7 +334,7 @@ def act_on_paid_locked(subscription: Subscription | None, invoice: Invoice, *, n
     other_open = subscription.status == Subscription.PAST_DUE and _has_other_open_invoices(subscription, invoice)
     if paid_changes(subscription, invoice, other_open_invoices=other_open):
         subscription.save()
-        _emit_sub(subscription, "subscription.updated", now)
+        subscription_event(subscription, "subscription.updated", created_at=now)
 
 
 def paid_changes(subscription: Subscription, invoice: Invoice, *, other_open_invoices: bool) -> bool:
@@ -374,7 +358,8 @@ def act_on_declined_locked(
     subscription: Subscription | None, invoice: Invoice, *, now: datetime, decline_code: str
 ) -> None:
     """The subscription side of a declined invoice: advance the period (the invoice stays open),
-    ``past_due``, and the dunning run of the invoice (SPEC §4: a declined invoice gets dunning)."""
+    ``past_due``, and the dunning run of the invoice (a declined invoice gets dunning,
+    docs/reference/dunning.md#dunning-runs)."""
     if subscription is not None:
         advanced = is_current_period(subscription, invoice)
         if advanced:
@@ -386,9 +371,9 @@ def act_on_declined_locked(
         if advanced or became_past_due:
             subscription.save()
         if became_past_due:
-            _emit_sub(subscription, "subscription.past_due", now)
+            subscription_event(subscription, "subscription.past_due", created_at=now)
         if advanced:
-            _emit_sub(subscription, "subscription.updated", now)
+            subscription_event(subscription, "subscription.updated", created_at=now)
     dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
 
 
@@ -396,7 +381,7 @@ def save_failure_locked(subscription: Subscription, *, error: str, fresh: bool =
     """Save a failed close on a wall-clock subscription (locked): one more failure on the retry
     ladder, ``subscription.billing_failed`` (or ``subscription.billing_parked`` for the 8th).
     Returns ``(failure_number, parked)``. Test-clock subscriptions keep the reason on the clock
-    instead (SPEC §4: their failures are not saved)."""
+    instead (their failures are not saved, docs/reference/billing.md#failures-that-are-not-saved)."""
     if subscription.test_clock_id:
         TestClock.objects.filter(pk=subscription.test_clock_id).update(last_failure=error[:2000])
         return 0, False
@@ -405,7 +390,11 @@ def save_failure_locked(subscription: Subscription, *, error: str, fresh: bool =
     subscription.next_billing_attempt_at = next_at
     subscription.billing_parked_at = parked_at
     subscription.last_billing_error = error[:2000]
-    _emit_sub(subscription, "subscription.billing_parked" if parked_at else "subscription.billing_failed", failed_at)
+    subscription_event(
+        subscription,
+        "subscription.billing_parked" if parked_at else "subscription.billing_failed",
+        created_at=failed_at,
+    )
     return count, parked_at is not None
 
 
@@ -415,18 +404,11 @@ def write_billing_attempt(
     """The run's history row for one subscription (inside the caller's transaction)."""
     if run is None:
         return None
-    kind = {
-        OutcomeKind.BILLED: BillingAttempt.BILLED,
-        OutcomeKind.DECLINED: BillingAttempt.DECLINED,
-        OutcomeKind.TAX_PENDING: BillingAttempt.TAX_PENDING,
-        OutcomeKind.FAILED: BillingAttempt.FAILED,
-        OutcomeKind.SKIPPED: BillingAttempt.SKIPPED,
-    }[outcome.kind]
     return BillingAttempt.objects.create(
         run=run,
         subscription_id=subscription_id,
         invoice_id=outcome.invoice_id,
-        outcome=kind,
+        outcome=BillingAttempt.Outcome(outcome.kind),
         error=outcome.error[:2000],
         failure_number=outcome.failure_number,
         created_at=now,
@@ -458,16 +440,9 @@ def record_outcome(
     """
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
-        subscription = None
-        if plan.subscription_id:
-            subscription = (
-                Subscription.objects.select_for_update(of=("self",))
-                .select_related("price")
-                .get(pk=plan.subscription_id)
-            )
-        invoice = Invoice.objects.select_for_update().get(pk=plan.invoice_id)
-        attempt = PaymentAttempt.objects.select_for_update().get(pk=plan.attempt_id)
-        customer = Customer.objects.select_for_update().get(pk=invoice.customer_id)
+        subscription, invoice, attempt, customer = charge_rows_locked(
+            subscription_id=plan.subscription_id, invoice_id=plan.invoice_id, attempt_id=plan.attempt_id
+        )
         clock_id = invoice_clock_id(invoice, subscription)
         now = billing_time(clock_id, as_of)
 
@@ -496,13 +471,7 @@ def record_outcome(
                 mark_paid(invoice, now=now)
                 invoice.save(update_fields=[*PAID_FIELDS, *invoice_fields])
                 invoice_fields = []
-                emit_event(
-                    tenant_id=invoice.tenant_id,
-                    livemode=invoice.livemode,
-                    type="invoice.paid",
-                    data=invoice_data(invoice),
-                    created_at=now,
-                )
+                invoice_event(invoice, "invoice.paid", created_at=now)
                 if invoice.attempt_count > 1:
                     # Dunning starts only on a recorded decline, which counted an attempt before this
                     # one: a first attempt has no run to stop (saves a query per close).
@@ -516,15 +485,11 @@ def record_outcome(
             act_on_declined_locked(subscription, invoice, now=now, decline_code=result.decline_code)
             # After dunning took the decline, so the event says when the next retry is (Stripe's
             # next_payment_attempt; null when none is scheduled).
-            emit_event(
-                tenant_id=invoice.tenant_id,
-                livemode=invoice.livemode,
-                type="invoice.payment_failed",
-                data={
-                    **invoice_data(invoice),
-                    "next_payment_attempt": iso(dunning_services.next_payment_attempt(invoice.id)),
-                },
+            invoice_event(
+                invoice,
+                "invoice.payment_failed",
                 created_at=now,
+                extra={"next_payment_attempt": iso(dunning_services.next_payment_attempt(invoice.id))},
             )
         else:
             error = f"{result.outcome}: {result.error_message}"
