@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import anyio
 import httpcore
 import httpx
 from django.conf import settings
@@ -262,8 +261,8 @@ class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
 
     Resolves the host once (``resolver``, default :func:`resolve`), refuses with
     :class:`OutboundRefused` when any address is neither public nor allowlisted, then
-    connects to the checked addresses in order through ``inner`` (AnyIO's backend). The
-    connect ``timeout`` covers resolution and connection together.
+    connects to the checked addresses in order through ``inner`` (httpcore's AnyIO backend).
+    The connect ``timeout`` covers resolution and connection together. asyncio only.
     """
 
     def __init__(self, *, resolver: Resolver | None = None, inner: httpcore.AsyncNetworkBackend | None = None):
@@ -297,7 +296,7 @@ class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         """Resolve, check and connect (see the class); raises ``httpcore.ConnectError``/``ConnectTimeout``."""
         try:
-            with anyio.fail_after(timeout):
+            async with asyncio.timeout(timeout):
                 try:
                     addresses = await self.checked_addresses(host, port)
                 except OSError as exc:
