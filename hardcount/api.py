@@ -549,15 +549,19 @@ class ApiView(APIView):
         """Render one page of ``queryset`` (already scoped and filtered) newest first.
 
         ``query`` is the validated :class:`ListQuery`. ``starting_after`` must be the id of
-        an object of the caller's ``cursor_scope`` (default: the same model, scoped), else
-        404 with ``param`` ``starting_after``. Ids sort by creation time (ULID layout),
-        so ``id < cursor`` in descending id order is a stable keyset page.
+        an object of ``cursor_scope`` (default: the same model, scoped to the caller), else
+        404 with ``param`` ``starting_after``. A ``cursor_scope`` given is used as it is: it
+        must already hold only what the caller may see (a list of objects without tenant
+        columns, or one that includes shared rows, scopes itself). Ids sort by creation
+        time (ULID layout), so ``id < cursor`` in descending id order is a stable keyset page.
         """
         limit = query.get("limit") or DEFAULT_LIMIT
         cursor = query.get("starting_after")
         if cursor:
-            scope = cursor_scope if cursor_scope is not None else self.scoped(queryset.model)
-            self.get_scoped(scope, cursor, kind=kind, param="starting_after")
+            if cursor_scope is None:
+                self.get_scoped(queryset.model, cursor, kind=kind, param="starting_after")
+            elif not is_id(kind, cursor) or not cursor_scope.filter(pk=cursor).exists():
+                raise ResourceMissing(f"No such {kind.replace('_', ' ')}: '{cursor}'.", param="starting_after")
             queryset = queryset.filter(pk__lt=cursor)
         rows = list(queryset.order_by("-pk")[: limit + 1])
         return Response(

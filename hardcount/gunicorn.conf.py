@@ -12,6 +12,14 @@ Everything is read from the environment:
   the leases make sure each role runs in one of them at a time. The runtime starts after
   the worker has loaded the application and stops (releasing its leases) when the worker
   exits, so a rolling restart hands the roles over at once.
+
+Request limits (docs/security.md): the product's own limits are enforced by
+:class:`hardcount.limits.RequestLimitsMiddleware` with the API's JSON errors. gunicorn's are set
+above them — the request line at gunicorn's maximum (8190 bytes), header fields at 32 KiB each
+and 500 in all (gunicorn buffers up to fields × field size before it refuses, so its own
+maxima, 32768 fields of unbounded size, would let one request make a worker hold gigabytes).
+Whatever gunicorn still refuses while parsing is answered with the same JSON error body by
+:class:`hardcount.limits.JsonErrorWorker`, a ``gthread`` worker.
 """
 
 import os
@@ -19,11 +27,14 @@ import os
 wsgi_app = "hardcount.wsgi:application"
 bind = os.environ.get("HARDCOUNT_BIND", f"127.0.0.1:{os.environ.get('HARDCOUNT_PORT', '8000')}")
 workers = int(os.environ.get("HARDCOUNT_WEB_WORKERS", "2"))
-worker_class = "gthread"
+worker_class = "hardcount.limits.JsonErrorWorker"
 threads = int(os.environ.get("HARDCOUNT_WEB_THREADS", "4"))
 graceful_timeout = int(os.environ.get("HARDCOUNT_GRACEFUL_TIMEOUT_S", "15"))
 timeout = 60
 accesslog = "-"
+limit_request_line = 8190
+limit_request_field_size = 32768
+limit_request_fields = 500
 errorlog = "-"
 
 

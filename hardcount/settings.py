@@ -67,6 +67,7 @@ if HARDCOUNT_DEVSTACK:
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "hardcount.limits.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "hardcount.middleware.BodySizeLimitMiddleware",
@@ -164,6 +165,24 @@ X_FRAME_OPTIONS = "DENY"
 # Request bodies above this many bytes are refused with 413 before any parsing.
 HARDCOUNT_MAX_BODY_BYTES = _env_int("HARDCOUNT_MAX_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = HARDCOUNT_MAX_BODY_BYTES
+
+# Request limits, answered with the API's JSON error (hardcount.limits, docs/security.md): the request
+# target (path and query), one header field (name and value), the number of header fields. gunicorn's
+# own limits (hardcount/gunicorn.conf.py) are higher, so these answer first.
+HARDCOUNT_MAX_REQUEST_TARGET_BYTES = _env_int("HARDCOUNT_MAX_REQUEST_TARGET_BYTES", 4096)
+HARDCOUNT_MAX_HEADER_BYTES = _env_int("HARDCOUNT_MAX_HEADER_BYTES", 8192)
+HARDCOUNT_MAX_HEADERS = _env_int("HARDCOUNT_MAX_HEADERS", 100)
+
+# Outbound requests made on a tenant's behalf (webhook deliveries) reach public addresses only
+# (hardcount.outbound, docs/decisions/0123-outbound-requests-policy.md). These local targets may be
+# reached anyway: comma-separated host:port, IPv6 hosts in brackets. Empty by default, as in
+# production; make run adds its own webhook receiver, the tests add theirs.
+HARDCOUNT_OUTBOUND_ALLOW = [e.strip() for e in os.environ.get("HARDCOUNT_OUTBOUND_ALLOW", "").split(",") if e.strip()]
+for _entry in HARDCOUNT_OUTBOUND_ALLOW:
+    _host, _, _port = _entry.rpartition(":")
+    _port_ok = _port.isascii() and _port.isdigit() and 0 < int(_port) < 65536
+    if not _host or not _port_ok or (":" in _host and _host[0] != "["):
+        raise RuntimeError(f"HARDCOUNT_OUTBOUND_ALLOW entry {_entry!r} is not host:port (IPv6 hosts in brackets)")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["hardcount.auth.ApiKeyAuthentication"],

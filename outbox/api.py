@@ -61,6 +61,7 @@ class WebhookEndpointListView(ApiView):
             url=data["url"],
             enabled_events=data["enabled_events"],
             description=data["description"],
+            public_only=True,
         )
         return Response(webhook_endpoint_data(endpoint, secret=secret), status=status.HTTP_201_CREATED)
 
@@ -101,7 +102,7 @@ class WebhookEndpointDetailView(ApiView):
         data = self.read_body(s.WebhookEndpointUpdateBody)
         self.get_scoped(_endpoints(self), id, kind="webhook_endpoint")
         endpoint = services.update_webhook_endpoint(
-            tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id, **data
+            tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id, public_only=True, **data
         )
         return Response(webhook_endpoint_data(endpoint))
 

@@ -6,9 +6,10 @@ Shape: one thread runs an asyncio loop with
   LOCKED``), never more than the pool's idle workers, and starts one worker task per claim;
   it sleeps until a worker frees up, an ``outbox_delivery`` notification arrives (inserts
   notify at commit) or the poll interval passes;
-- **workers** (at most ``workers`` at a time), each sending one signed request with httpx
-  under a total timeout, then writing the outcome in one transaction predicated on the
-  claim still being ours;
+- **workers** (at most ``workers`` at a time), each sending one signed request with the
+  outbound policy's httpx client (:func:`hardcount.outbound.async_client`: public targets
+  only, checked at connect time) under a total timeout, then writing the outcome in one
+  transaction predicated on the claim still being ours;
 - a **renewer** that extends the leases of requests in flight every ``timeout_s / 2`` and
   cancels the request of any claim it could not renew (expired, reclaimed, or not renewed
   in time on the executor's own monotonic clock): the result of a lost claim is discarded;
@@ -45,6 +46,7 @@ from django.db import connections
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from hardcount import outbound
 from hardcount.ids import new_id
 from outbox import queries
 from outbox.metrics import DELIVERY_ATTEMPTS
@@ -323,7 +325,8 @@ class Executor:
         self._pool = pool
         timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
         limits = httpx.Limits(max_connections=cfg.workers, max_keepalive_connections=cfg.workers)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=False) as client:
+        # The outbound policy's client: targets are checked at connect time, redirects never followed.
+        async with outbound.async_client(timeout=timeout, limits=limits) as client:
             self._client = client
             helpers = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._reap_loop())]
             if cfg.listen:
@@ -503,10 +506,8 @@ class Executor:
                     retry_after = _parse_retry_after(response.headers.get("retry-after"))
         except TimeoutError:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
-        except httpx.TimeoutException as exc:
-            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"{type(exc).__name__}: {exc}"[:1000])
-        except httpx.HTTPError as exc:
-            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"{type(exc).__name__}: {exc}"[:1000])
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            return _Result(RETRYABLE, latency_ms=_ms_since(started), error=_transport_error(exc, self.config))
         text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         outcome = classify(status_code)
         return _Result(
@@ -772,6 +773,19 @@ async def _configure_connection(conn: psycopg.AsyncConnection) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
     await conn.execute("SET statement_timeout = '15s'")
     await conn.execute("SET idle_in_transaction_session_timeout = '15s'")
+
+
+def _transport_error(exc: Exception, cfg: ExecutorConfig) -> str:
+    """The coarse error an attempt without an answer records (docs/decisions/0123-outbound-requests-policy.md).
+
+    The socket or TLS detail would tell a tenant which ports are open; it goes to our log only.
+    """
+    kind = outbound.failure_class(exc)
+    log.info("outbox request failed: %s (%s: %s)", kind, type(exc).__name__, exc)
+    if kind == outbound.TIMEOUT:
+        bound_s = cfg.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else cfg.timeout_s
+        return f"timed out after {bound_s:g} s"
+    return kind
 
 
 def _ms_since(started: float) -> int:

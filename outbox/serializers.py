@@ -24,7 +24,9 @@ ATTEMPT_OUTCOMES = ["succeeded", "failed", "retryable", "lease_lost", "canceled"
 
 _URL_HELP = (
     "Absolute http(s) URL that receives the events; https in live mode. An invalid URL is a 422 "
-    "`url_invalid`, an http URL in live mode a 422 `url_insecure`."
+    "`url_invalid`, an http URL in live mode a 422 `url_insecure`, a host that is this machine or a "
+    "non-public IP address a 422 `url_not_public`. Names are resolved when each delivery is sent: one "
+    "resolving to a non-public address gets no request (attempt error `connection_refused_by_policy`)."
 )
 _EVENTS_HELP = (
     "Event types to receive: `*` for all, a prefix wildcard such as `invoice.*`, or exact types. "
@@ -133,8 +135,14 @@ class DeliveryAttempt(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=ATTEMPT_OUTCOMES)
     status_code = serializers.IntegerField(allow_null=True)
     latency_ms = serializers.IntegerField(allow_null=True)
-    error = serializers.CharField(allow_null=True)
-    response_excerpt = serializers.CharField(allow_null=True, help_text="The first 1 KiB of the response body.")
+    error = serializers.CharField(
+        allow_null=True,
+        help_text="Why the attempt did not succeed: `HTTP <status>`, `timed out after <n> s`, `connection_failed` "
+        "(no answer: name, connection or TLS failure), `connection_refused_by_policy` (the target is not public).",
+    )
+    response_excerpt = serializers.CharField(
+        allow_null=True, help_text="The first 1 KiB of the response body; none when no answer came."
+    )
     created = serializers.DateTimeField()
 
 

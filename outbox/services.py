@@ -8,12 +8,10 @@ one delivery per enabled endpoint that subscribes to its type, in the same trans
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -21,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from hardcount import outbound
 from hardcount.bulk import copy_models
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
 from outbox import queries
@@ -249,9 +248,14 @@ def validate_enabled_events(patterns: list[str], *, param: str = "enabled_events
     return list(dict.fromkeys(patterns))
 
 
-def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url") -> str:
+def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url", public_only: bool | None = None) -> str:
     """An absolute ``http(s)`` URL of at most 2000 characters; live mode requires ``https`` (as Stripe does).
 
+    With ``public_only`` (default: in live mode; the API asks for it in both modes) the host
+    must not be a literal non-public IP or an obviously local name, unless the operator's
+    ``HARDCOUNT_OUTBOUND_ALLOW`` names it (:func:`hardcount.outbound.registration_refusal`).
+    Names are not resolved here: every request is checked again at connect time, so a name
+    that resolves to a private address is refused then (docs/decisions/0123-outbound-requests-policy.md).
     Raises :class:`~hardcount.errors.InvalidRequestError` (422).
     """
     if len(url) > MAX_URL_LENGTH:
@@ -264,30 +268,22 @@ def validate_endpoint_url(url: str, *, livemode: bool, param: str = "url") -> st
         ) from None
     if livemode and not url.lower().startswith("https://"):
         raise InvalidRequestError("Live-mode webhook endpoints must use https://.", code="url_insecure", param=param)
-    if livemode and not _is_public_host(urlsplit(url).hostname or ""):
-        raise InvalidRequestError(
-            "Live-mode webhook endpoints must be on a public host, not localhost or a private, loopback, "
-            "link-local or reserved address.",
-            code="url_not_public",
-            param=param,
-        )
+    check_public = livemode if public_only is None else public_only
+    if check_public:
+        try:
+            refusal = outbound.registration_refusal(url)
+        except ValueError:
+            raise InvalidRequestError(
+                "url must be an absolute http:// or https:// URL.", code="url_invalid", param=param
+            ) from None
+        if refusal is not None:
+            raise InvalidRequestError(
+                "Webhook endpoints must be on a public host, not this machine or a private, loopback, link-local, "
+                f"multicast or reserved address: {refusal}.",
+                code="url_not_public",
+                param=param,
+            )
     return url
-
-
-def _is_public_host(host: str) -> bool:
-    """False for ``localhost`` names and literal IPs outside the global unicast space.
-
-    Test mode may point at local receivers (development, tests); live mode may not, so a
-    tenant cannot aim deliveries at our own network. Names are not resolved here: a public
-    name that resolves to a private address is not caught (see decision 0034).
-    """
-    host = host.strip("[]").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return False
-    try:
-        return ipaddress.ip_address(host).is_global
-    except ValueError:
-        return True
 
 
 def _endpoint_for_update(tenant_id: str, livemode: bool, endpoint_id: str) -> WebhookEndpoint:
@@ -302,15 +298,21 @@ def _endpoint_for_update(tenant_id: str, livemode: bool, endpoint_id: str) -> We
 
 
 def create_webhook_endpoint(
-    *, tenant_id: str, livemode: bool, url: str, enabled_events: list[str], description: str = ""
+    *,
+    tenant_id: str,
+    livemode: bool,
+    url: str,
+    enabled_events: list[str],
+    description: str = "",
+    public_only: bool | None = None,
 ) -> tuple[WebhookEndpoint, str]:
     """Create an enabled endpoint; returns ``(endpoint, secret)``.
 
     The secret (``whsec_…``) is returned here and never again: the API shows it once.
     Deliveries are created for events emitted from now on. Raises 422 on a bad url or an
-    unknown event type.
+    unknown event type; ``public_only`` as in :func:`validate_endpoint_url`.
     """
-    url = validate_endpoint_url(url, livemode=livemode)
+    url = validate_endpoint_url(url, livemode=livemode, public_only=public_only)
     patterns = validate_enabled_events(enabled_events)
     secret = generate_secret()
     endpoint = WebhookEndpoint.objects.create(
@@ -344,16 +346,18 @@ def update_webhook_endpoint(
     enabled_events: list[str] | None = None,
     description: str | None = None,
     enabled: bool | None = None,
+    public_only: bool | None = None,
 ) -> WebhookEndpoint:
     """Change an endpoint's url, subscriptions, description or enabled flag (only what is given).
 
     Re-enabling an endpoint (after a 410, or by hand) clears its disabled reason and closes
-    its circuit. Raises 404 for an unknown or deleted endpoint, 422 on bad values.
+    its circuit. Raises 404 for an unknown or deleted endpoint, 422 on bad values;
+    ``public_only`` as in :func:`validate_endpoint_url`.
     """
     with transaction.atomic():
         endpoint = _endpoint_for_update(tenant_id, livemode, endpoint_id)
         if url is not None:
-            endpoint.url = validate_endpoint_url(url, livemode=livemode)
+            endpoint.url = validate_endpoint_url(url, livemode=livemode, public_only=public_only)
         if enabled_events is not None:
             endpoint.enabled_events = validate_enabled_events(enabled_events)
         if description is not None:

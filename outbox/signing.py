@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 
@@ -23,6 +24,9 @@ HEADER = "Hardcount-Signature"
 SCHEME = "v1"
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
 DEFAULT_TOLERANCE_S = 300
+# Longer headers are refused unread: a few signatures (one per secret being rolled) fit many times.
+MAX_HEADER_LENGTH = 8192
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 class SignatureVerificationError(ValueError):
@@ -49,23 +53,39 @@ def sign(payload: bytes, secret: str, *, timestamp: int | None = None) -> str:
     return f"t={t},{SCHEME}={compute_signature(payload, secret, t)}"
 
 
-def parse_header(header: str) -> tuple[int, list[str]]:
+def parse_header(header: str | bytes | None) -> tuple[int, list[str]]:
     """Split a header into ``(timestamp, [v1 signatures])``.
 
-    Raises :class:`SignatureVerificationError` when the header has no integer ``t`` or no
-    ``v1`` signature. Unknown schemes are ignored, as Stripe receivers do.
+    Raises :class:`SignatureVerificationError` for anything but an ASCII header of at most
+    :data:`MAX_HEADER_LENGTH` characters with exactly one timestamp (``t=``, 1 to 12 ASCII
+    digits; repeated only with the same value) and at least one ``v1`` signature. Unknown
+    schemes are ignored, as Stripe receivers do.
     """
+    if header is None:
+        header = ""
+    if isinstance(header, bytes | bytearray):
+        try:
+            header = bytes(header).decode("ascii")
+        except UnicodeDecodeError:
+            raise SignatureVerificationError("signature header is not ASCII") from None
+    if not isinstance(header, str):
+        raise SignatureVerificationError("signature header is not text")
+    if len(header) > MAX_HEADER_LENGTH:
+        raise SignatureVerificationError(f"signature header is longer than {MAX_HEADER_LENGTH} characters")
+    if not header.isascii():
+        raise SignatureVerificationError("signature header is not ASCII")
     timestamp: int | None = None
     signatures: list[str] = []
-    for item in (header or "").split(","):
+    for item in header.split(","):
         key, sep, value = item.strip().partition("=")
         if not sep:
             continue
         if key == "t":
-            try:
-                timestamp = int(value)
-            except ValueError:
-                raise SignatureVerificationError("signature header timestamp is not an integer") from None
+            if not _TIMESTAMP.fullmatch(value):
+                raise SignatureVerificationError("signature header timestamp is not an integer")
+            if timestamp is not None and timestamp != int(value):
+                raise SignatureVerificationError("signature header has more than one timestamp")
+            timestamp = int(value)
         elif key == SCHEME:
             signatures.append(value)
     if timestamp is None:
@@ -87,22 +107,30 @@ def verify(
 
     Rejects a timestamp more than ``tolerance_s`` seconds older *or newer* than ``now``
     (default the receiver's clock; a timestamp from the future is as suspect as a stale
-    one). Signatures are compared in constant time. Returns the signed timestamp (unix
-    seconds); raises :class:`SignatureVerificationError` on any mismatch. Pass the body
-    exactly as received: re-serialising parsed JSON changes the bytes and fails.
+    one). Signatures are compared in constant time; any one matching ``v1`` passes. Returns
+    the signed timestamp (unix seconds); raises :class:`SignatureVerificationError` on any
+    mismatch and on any malformed header (:func:`parse_header`), ``TypeError`` when
+    ``payload`` is neither bytes nor str. Pass the body exactly as received: re-serialising
+    parsed JSON changes the bytes and fails.
     """
-    body = payload.encode() if isinstance(payload, str) else bytes(payload)
+    if isinstance(payload, str):
+        body = payload.encode()
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        body = bytes(payload)
+    else:
+        raise TypeError(f"payload must be the raw body as bytes or str, not {type(payload).__name__}")
     timestamp, signatures = parse_header(header)
     current = time.time() if now is None else now
     if tolerance_s is not None and abs(current - timestamp) > tolerance_s:
         raise SignatureVerificationError(
             f"signature timestamp {timestamp} is outside the tolerance of {tolerance_s} s (now {int(current)})"
         )
-    expected = compute_signature(body, secret, timestamp)
+    expected = compute_signature(body, secret, timestamp).encode()
     matched = False
     for candidate in signatures:
-        # Compare every candidate so the time taken does not reveal which one matched.
-        matched |= hmac.compare_digest(expected, candidate)
+        # Compare every candidate so the time taken does not reveal which one matched (bytes:
+        # parse_header allowed ASCII only, and compare_digest takes no other str).
+        matched |= hmac.compare_digest(expected, candidate.encode())
     if not matched:
         raise SignatureVerificationError("no signature matches the payload and secret")
     return timestamp
@@ -111,6 +139,7 @@ def verify(
 __all__ = [
     "DEFAULT_TOLERANCE_S",
     "HEADER",
+    "MAX_HEADER_LENGTH",
     "SECRET_PREFIX",
     "SignatureVerificationError",
     "compute_signature",

@@ -1,7 +1,9 @@
 """Fixtures for the outbox tests: real HTTP receivers on 127.0.0.1 and real executors.
 
 Receivers are ``ThreadingHTTPServer``s in the test process. A behaviour per path decides
-each answer (fast 200, 500, slow, hanging until released, 410, ...). Executors run against
+each answer (fast 200, 500, slow, hanging until released, 410, ...). Each receiver is on the
+outbound allowlist while it runs (:func:`allow_outbound`): the executor reaches no local
+address that the allowlist does not name (hardcount.outbound). Executors run against
 the real test database, so the tests that use them need ``transactional_db``: the
 executor's own connections must see the rows the test commits.
 """
@@ -9,6 +11,7 @@ executor's own connections must see the rows the test commits.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +19,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+_allow_lock = threading.Lock()
+
+
+def allow_outbound(entry: str, *, allowed: bool = True) -> None:
+    """Add ``entry`` (``host:port``) to the outbound allowlist, or remove it with ``allowed=False``.
+
+    Both the running settings (executors in this process) and ``HARDCOUNT_OUTBOUND_ALLOW`` in
+    the environment (processes the test starts afterwards) change.
+    """
+    from django.conf import settings
+
+    with _allow_lock:
+        current = [e for e in settings.HARDCOUNT_OUTBOUND_ALLOW if e != entry]
+        settings.HARDCOUNT_OUTBOUND_ALLOW = [*current, entry] if allowed else current
+        os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = ",".join(settings.HARDCOUNT_OUTBOUND_ALLOW)
 
 
 @dataclass
@@ -91,6 +110,8 @@ class Receiver:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+        self.allow_entry = f"127.0.0.1:{self.server.server_address[1]}"
+        allow_outbound(self.allow_entry)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
@@ -113,6 +134,7 @@ class Receiver:
             return [r for r in self.requests if path is None or r.path == path]
 
     def close(self):
+        allow_outbound(self.allow_entry, allowed=False)
         self.server.shutdown()
         self.server.server_close()
 

@@ -106,6 +106,9 @@ class Command(BaseCommand):
             demo = demo_credentials.ensure_demo_tenant(var_dir / "demo-keys.json")
             operator = demo_credentials.ensure_operator(var_dir / "operator.json")
             receiver = self._make_receiver(demo)
+            os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = (
+                f"{os.environ.get('HARDCOUNT_OUTBOUND_ALLOW', '')},127.0.0.1:{receiver.port}"
+            )
             connections.close_all()  # this process only supervises from here on
 
             gunicorn = start_gunicorn(
