@@ -44,10 +44,10 @@ test-quick: lint
 fuzz: $(STAMP)
 	$(VENV)/bin/pytest tests/api/test_fuzz_api.py -v
 
-# SPEC §9 measured: runscheduler SIGKILLed at every point of a drain and inside a close, racing drains, the
-# negative control without the unique index, webhook executors killed mid-delivery (tests/system/
-# test_failure_correctness.py), PostgreSQL restarted mid-drain (tests/system/test_pg_restart.py, on a server
-# of its own). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
+# The guarantees of docs/reference/guarantees.md, measured: runscheduler SIGKILLed at every point of a
+# drain and inside a close, racing drains, the negative control without the unique index, webhook
+# executors killed mid-delivery (tests/system/test_failure_correctness.py), PostgreSQL restarted
+# mid-drain (tests/system/test_pg_restart.py, on a server of its own). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
 # (docs/benchmarks/failure-correctness.md holds a committed run).
 CORRECTNESS_ROWS := $(abspath $(VAR_DIR))/correctness-rows.jsonl
 correctness: $(STAMP)

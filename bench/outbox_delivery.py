@@ -180,7 +180,12 @@ def main() -> None:
     queue = multiprocessing.get_context("spawn").Queue()
     receiver = multiprocessing.get_context("spawn").Process(target=_serve, args=(queue,), daemon=True)
     receiver.start()
-    url = f"http://127.0.0.1:{queue.get(timeout=10)}/hook"
+    port = queue.get(timeout=10)
+    url = f"http://127.0.0.1:{port}/hook"
+    # Webhook deliveries reach only public addresses unless an operator allows one (decision 0123).
+    from django.conf import settings
+
+    settings.HARDCOUNT_OUTBOUND_ALLOW = [*settings.HARDCOUNT_OUTBOUND_ALLOW, f"127.0.0.1:{port}"]
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)

@@ -1,4 +1,4 @@
-"""The webhook delivery executor: a leaderless claim-queue worker pool, one in every replica (SPEC §6).
+"""The webhook delivery executor: a leaderless claim-queue worker pool in every replica (docs/reference/webhooks.md).
 
 Shape: one thread runs an asyncio loop with
 
@@ -57,7 +57,7 @@ log = logging.getLogger("outbox.executor")
 
 MAX_ATTEMPTS = queries.MAX_ATTEMPTS
 # Delay after failed attempt k (k = 1..7) before jitter: about x3 a step, 22 h 14 min in all,
-# so the 8th and last attempt comes roughly a day after the first (SPEC §6: ~1 min to ~1 day).
+# so the 8th and last attempt comes roughly a day after the first (docs/reference/webhooks.md: ~1 min to ~1 day).
 RETRY_SCHEDULE_S = (60.0, 180.0, 600.0, 1800.0, 5400.0, 18000.0, 54000.0)
 # 4xx answers that mean "try again later" rather than "never" (timeout, conflict, too early,
 # rate limited); every other 4xx is permanent.
@@ -161,7 +161,7 @@ class ExecutorConfig:
 
     @property
     def lease_s(self) -> float:
-        """The lease on a claimed delivery: twice the request timeout (SPEC §6)."""
+        """The lease on a claimed delivery: twice the request timeout (docs/reference/webhooks.md)."""
         return 2 * self.timeout_s
 
     @property
@@ -563,7 +563,7 @@ class Executor:
 
         A write that matches no row (the claim was lost) rolls back and is discarded. Any
         other failure of the transaction drives the delivery to ``failed`` with the minimal
-        ``FORCE_FAILED`` write (SPEC §6).
+        ``FORCE_FAILED`` write (docs/reference/webhooks.md).
         """
         cfg = self.config
         closed_circuit = False

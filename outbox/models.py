@@ -57,7 +57,7 @@ class WebhookEndpoint(TenantScoped):
 
 
 class Delivery(models.Model):
-    """One event sent to one endpoint: a row of the leaderless claim queue (SPEC §6).
+    """One event sent to one endpoint: a row of the leaderless claim queue (docs/reference/webhooks.md).
 
     A worker claims it with ``claimed_by`` and ``claim_expires_at``; every later write
     predicates on ``claimed_by`` still being the worker's own.

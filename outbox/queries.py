@@ -2,7 +2,7 @@
 
 Each statement is named for what it does and commented with the guarantee it gives.
 Parameters are psycopg named placeholders. All times come from PostgreSQL's ``now()``
-(one clock authority, SPEC §3): the executor never compares its own clock to a row.
+(one clock authority, docs/reference/roles-and-leases.md): the executor never compares its own clock to a row.
 
 The lease on a delivery is the pair ``claimed_by`` (unique per claim: the executor's id
 plus a random suffix, so a replica that reclaims its own expired claim holds a *new*
@@ -123,7 +123,7 @@ WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
 RETURNING id
 """
 
-# FORCE_FAILED: the minimal write when a delivery's terminal transaction failed (SPEC §6):
+# FORCE_FAILED: the minimal write when a delivery's terminal transaction failed (docs/reference/webhooks.md):
 # nothing but the status, the error and the claim, still only while the claim is ours.
 # If even this fails, the lease expires and the reaper re-queues the row (at least once).
 FORCE_FAILED = """

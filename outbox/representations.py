@@ -11,7 +11,7 @@ from hardcount.times import iso
 def event_body(
     *, id: str, type: str, created_at: datetime, livemode: bool, sequence: int, data: dict[str, Any]
 ) -> dict[str, Any]:
-    """An event as the API shows it and as a webhook delivers it (SPEC §6).
+    """An event as the API shows it and as a webhook delivers it (docs/reference/webhooks.md).
 
     ``id`` is stable across retries and replays so receivers can de-duplicate;
     ``sequence`` increases with every event and orders one tenant's events.

@@ -1,6 +1,6 @@
 """Webhook signatures: how Hardcount signs a delivery and how a receiver verifies it.
 
-Header (SPEC §6)::
+Header (docs/reference/webhooks.md)::
 
     Hardcount-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
 
