@@ -6,7 +6,9 @@ admin actions that call the same service functions as the API (retry billing, ca
 void, replay, revoke). Actions need the model's ``change`` permission (superusers have it), so
 a staff user with view permission only can look but not act. The one kind of row created here
 is credentials: a tenant (with its test and live keys) and an API key, whose secret is shown
-once on the page that answers the creation and stored nowhere.
+once on the page that answers the creation and stored nowhere. No other page shows a secret or a
+key's hash: API keys show their hint, idempotency records their body with secrets masked
+(docs/decisions/0125), webhook endpoints no signing secret.
 
 Lists stay fast on large tables (decision record 0110): :class:`CappedCountPaginator` counts at
 most :data:`COUNT_CAP` rows, lists order by the time-ordered primary key, list filters offer
@@ -32,6 +34,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from hardcount import idempotency
 from hardcount.models import ApiKey, IdempotencyRecord, Tenant
 
 admin.site.site_header = "Hardcount operations"
@@ -423,7 +426,16 @@ class ResponseClassFilter(admin.SimpleListFilter):
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(ReadOnlyAdmin):
+    """Idempotency records; the stored response is shown with every secret-named field masked."""
+
     list_display = ("key", "tenant", "livemode", "response_status", "created_at", "completed_at")
     list_filter = (mode_filter(), ResponseClassFilter)
     list_select_related = ("tenant",)
     search_fields = ("key__exact", "tenant__id__exact")
+    # The raw body never reaches a page: records stored before decision 0125 held secrets in clear.
+    exclude = ("response_body",)
+    readonly_fields = ("stored_response",)
+
+    @admin.display(description="response body")
+    def stored_response(self, record: IdempotencyRecord) -> str:
+        return format_html('<pre class="hc-json">{}</pre>', idempotency.display_body(record.response_body))

@@ -445,7 +445,8 @@ class ApiView(APIView):
     or :class:`StrictSerializer` subclass) to have query parameters validated and
     documented. Inside a handler use ``self.tenant``, ``self.livemode``, :meth:`scoped`,
     :meth:`get_scoped`, :meth:`read_body`, :meth:`read_query`, :meth:`filter_by_query` and
-    :meth:`paginate`.
+    :meth:`paginate`. A view whose POST answers with a secret shown once names that field in
+    ``response_secrets`` (docs/decisions/0125-secrets-in-idempotency-records.md).
     """
 
     authentication_classes = [ApiKeyAuthentication]
@@ -458,6 +459,9 @@ class ApiView(APIView):
     # Statuses whose response is stored under an Idempotency-Key: the request executed.
     # Anything else (validation errors, 404s, 5xx) releases the key, as Stripe does.
     _IDEMPOTENT_STORED = frozenset({402, 409})
+    # Top-level fields of a POST response that carry a secret shown once, each with where an idempotent
+    # replay reads it again (hardcount.idempotency.SecretSource); records store a marker instead.
+    response_secrets: Mapping[str, idempotency.SecretSource] = {}
 
     @property
     def tenant(self):
@@ -587,6 +591,7 @@ class ApiView(APIView):
             livemode=self.livemode,
             key=key,
             request_fingerprint=idempotency.fingerprint(request.method, request.path, body),
+            secrets=self.response_secrets,
         )
         if isinstance(result, idempotency.Replay):
             response = HttpResponse(result.content, status=result.status, content_type="application/json")
@@ -614,7 +619,7 @@ class ApiView(APIView):
             status_code = response.status_code
             if status_code < 400 or status_code in self._IDEMPOTENT_STORED:
                 response.render()
-                idempotency.complete(claim, status=status_code, content=response.content)
+                idempotency.complete(claim, status=status_code, content=response.content, secrets=self.response_secrets)
             else:
                 idempotency.abandon(claim)
         return response

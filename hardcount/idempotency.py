@@ -16,18 +16,27 @@ be claimed again; every claim, a takeover included, gets a fresh record id, so a
 that outlived its claim can no longer store or drop the record of the request that took it
 over. :func:`prune_expired` deletes records past the retention (the
 ``idempotency_maintenance`` role, :mod:`hardcount.loops`; docs/decisions/0023).
+
+A record never holds a secret in clear (docs/decisions/0125): a view names the response fields
+that carry one (``ApiView.response_secrets``: a webhook endpoint's signing secret), the stored
+body has :data:`SECRET_MARKER` in their place (:func:`redact_secrets`), and a replay reads each
+one again from where it lives (:func:`restore_secrets`), so the client still gets the first
+response byte for byte. :func:`display_body` is a stored body as the admin shows it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from rest_framework.renderers import JSONRenderer
 
 from hardcount.errors import Conflict, InvalidParameters
 from hardcount.fencing import NO_FENCE, Fence
@@ -37,6 +46,13 @@ HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
 # An in-flight record this old belongs to a request that died; its key may be claimed again.
 IN_FLIGHT_STALE = timedelta(minutes=5)
+
+# What a stored body holds in place of a secret field; a replay puts the secret back.
+SECRET_MARKER = "[secret: not stored]"  # noqa: S105 (a placeholder, not a secret)
+
+# Where a replay reads a secret field again: ``source(tenant_id, livemode, stored_body)``, the body
+# being the stored JSON object (its ``id`` names the object the secret belongs to). None: it is gone.
+SecretSource = Callable[[str, bool, Mapping[str, Any]], str | None]
 
 _TABLE = IdempotencyRecord._meta.db_table
 
@@ -133,12 +149,21 @@ def fingerprint(method: str, path: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-def begin(*, tenant_id: str, livemode: bool, key: str, request_fingerprint: str) -> Claim | Replay:
+def begin(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    key: str,
+    request_fingerprint: str,
+    secrets: Mapping[str, SecretSource] | None = None,
+) -> Claim | Replay:
     """Claim ``key`` for this request, or return the stored response to replay.
 
-    Raises :class:`~hardcount.errors.InvalidParameters` (422) when the key was used with
-    another request, :class:`~hardcount.errors.Conflict` (409) while the first request
-    with the key is still executing. Runs in autocommit: the claim is visible at once.
+    ``secrets`` maps the view's secret response fields to their sources: a replay's body has
+    them read again (:func:`restore_secrets`). Raises :class:`~hardcount.errors.InvalidParameters`
+    (422) when the key was used with another request, :class:`~hardcount.errors.Conflict` (409)
+    while the first request with the key is still executing, or when a secret of the stored
+    response can no longer be read. Runs in autocommit: the claim is visible at once.
     """
     params = {
         "tenant": tenant_id,
@@ -156,7 +181,9 @@ def begin(*, tenant_id: str, livemode: bool, key: str, request_fingerprint: str)
     existing = IdempotencyRecord.objects.filter(tenant_id=tenant_id, livemode=livemode, key=key).first()
     if existing is None:
         # Deleted by its abandoning request between our insert attempt and this read: try once more.
-        return begin(tenant_id=tenant_id, livemode=livemode, key=key, request_fingerprint=request_fingerprint)
+        return begin(
+            tenant_id=tenant_id, livemode=livemode, key=key, request_fingerprint=request_fingerprint, secrets=secrets
+        )
     if existing.request_fingerprint != request_fingerprint:
         raise InvalidParameters(
             "This Idempotency-Key was already used with a different request (method, path or body). "
@@ -170,23 +197,125 @@ def begin(*, tenant_id: str, livemode: bool, key: str, request_fingerprint: str)
             code="idempotency_key_in_use",
             param=HEADER,
         )
-    return Replay(status=existing.response_status, content=existing.response_body.encode())
+    content = existing.response_body.encode()
+    if secrets:
+        content = restore_secrets(content, secrets, tenant_id=tenant_id, livemode=livemode)
+    return Replay(status=existing.response_status, content=content)
 
 
-def complete(claim: Claim, *, status: int, content: bytes) -> None:
+def complete(claim: Claim, *, status: int, content: bytes, secrets: Iterable[str] = ()) -> None:
     """Store the response of the claimed request (or drop the claim when ``status`` >= 500).
 
     ``content`` is the rendered body; it is kept as one JSON string so a replay is byte-identical
-    (a ``jsonb`` object would not keep key order).
+    (a ``jsonb`` object would not keep key order). The top-level fields named in ``secrets`` are
+    stored as :data:`SECRET_MARKER` (:func:`redact_secrets`), never in clear.
     """
     if status >= 500:
         abandon(claim)
         return
+    content = redact_secrets(content, secrets)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {_TABLE} SET response_status = %s, response_body = %s, completed_at = now() WHERE id = %s",
             [status, json.dumps(content.decode()), claim.record_id],
         )
+
+
+def _json_object(content: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _render(body: dict[str, Any]) -> bytes:
+    # The API's own renderer: a body it rendered, parsed and rendered again, is the same bytes.
+    return JSONRenderer().render(body)
+
+
+def redact_secrets(content: bytes, fields: Iterable[str]) -> bytes:
+    """``content`` (a rendered JSON body) with each top-level string field of ``fields`` set to :data:`SECRET_MARKER`.
+
+    The rest of the body keeps its bytes (it is rendered again by the API's JSON renderer); a
+    redacted value found anywhere else in the text is replaced by the marker too, so no copy
+    of it is stored. A body that is not a JSON object, or has none of ``fields``, is returned
+    unchanged.
+    """
+    body = _json_object(content) if fields else None
+    if body is None:
+        return content
+    values = []
+    for name in fields:
+        value = body.get(name)
+        if isinstance(value, str) and value != SECRET_MARKER:
+            values.append(value)
+            body[name] = SECRET_MARKER
+    if not values:
+        return content
+    redacted = _render(body)
+    for value in values:
+        escaped = json.dumps(value, ensure_ascii=False)[1:-1].encode()
+        if escaped:
+            redacted = redacted.replace(escaped, SECRET_MARKER.encode())
+    return redacted
+
+
+def restore_secrets(content: bytes, sources: Mapping[str, SecretSource], *, tenant_id: str, livemode: bool) -> bytes:
+    """A stored body with each top-level field of ``sources`` that holds :data:`SECRET_MARKER` read again.
+
+    ``sources[name](tenant_id, livemode, body)`` gives the secret; the body is rendered again as
+    the API rendered it, so a replay is the first response byte for byte. Raises
+    :class:`~hardcount.errors.Conflict` (409 ``idempotency_secret_unavailable``) when a source
+    returns None (the object that holds the secret no longer exists).
+    """
+    body = _json_object(content)
+    names = [name for name in sources if body is not None and body.get(name) == SECRET_MARKER]
+    if not names:
+        return content
+    for name in names:
+        secret = sources[name](tenant_id, livemode, body)
+        if secret is None:
+            raise Conflict(
+                "The response stored under this Idempotency-Key carried a secret that can no longer be read. "
+                "Use a new key for a new request.",
+                code="idempotency_secret_unavailable",
+                param=HEADER,
+            )
+        body[name] = secret
+    return _render(body)
+
+
+# Field names whose values the admin never shows, whatever view stored the body (records written
+# before decision 0125 kept secrets in clear until their retention ran out).
+_SECRET_NAME = re.compile(r"(^|_)(secret|password|token|key_hash|api_key)($|_)", re.IGNORECASE)
+
+
+def _mask(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (SECRET_MARKER if isinstance(k, str) and _SECRET_NAME.search(k) and v is not None else _mask(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_mask(v) for v in value]
+    return value
+
+
+def display_body(stored: str | None) -> str:
+    """A record's stored body for the operators' console: indented JSON, secret-named fields masked at any depth.
+
+    Fields whose name says secret (``secret``, ``*_secret``, ``password``, ``token``,
+    ``key_hash``, ``api_key``) show :data:`SECRET_MARKER`; a body that is not JSON is not shown
+    (it could hold anything). ``""`` for a record still in flight.
+    """
+    if stored is None:
+        return ""
+    try:
+        body = json.loads(stored)
+    except (ValueError, RecursionError):
+        return "(not JSON: not shown)"
+    return json.dumps(_mask(body), indent=2, ensure_ascii=False)
 
 
 def abandon(claim: Claim) -> None:

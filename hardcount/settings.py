@@ -4,7 +4,10 @@ Environment variables (all optional in development):
 
 - ``DATABASE_URL``: ``postgresql://user:pass@host:port/name``. Unset: an embedded
   PostgreSQL (``pgserver``) under ``var/`` is started or reused.
-- ``SECRET_KEY``: Django's secret key (a fixed development key when unset).
+- ``HARDCOUNT_DEVSTACK=0`` is production (the ``Procfile`` sets it): settings then refuse to
+  load without ``SECRET_KEY`` and ``HARDCOUNT_ALLOWED_HOSTS`` and turn on the HTTPS protections
+  (docs/operations.md#production-settings).
+- ``SECRET_KEY``: Django's secret key (a fixed development key when unset, in development only).
 - ``STRIPE_API_KEY`` / ``STRIPE_API_BASE``: the gateway; point the base at
   ``localstripe`` in development and tests.
 - ``HARDCOUNT_*``: the service's own knobs, each listed below with its default.
@@ -15,6 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("HARDCOUNT_VAR_DIR", BASE_DIR / "var"))
@@ -35,9 +40,39 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "hardcount-development-key-not-for-production")
+# The development stack (``manage.py serve`` behind ``make run``, ``manage.py seed_demo``, the demo
+# credentials, localstripe): the devstack app, installed unless HARDCOUNT_DEVSTACK is off. On by
+# default, so development and the tests have it; production sets HARDCOUNT_DEVSTACK=0 (the
+# Procfile does) and has none of those commands (docs/decisions/0121-kernel-ops-and-devstack.md).
+HARDCOUNT_DEVSTACK = _env_bool("HARDCOUNT_DEVSTACK", True)
+# Production is a deployment without the development stack: it has no development defaults for
+# secrets or hosts, and serves the admin over HTTPS only (docs/operations.md#production-settings).
+HARDCOUNT_PRODUCTION = not HARDCOUNT_DEVSTACK
+
+_DEVELOPMENT_SECRET_KEY = "hardcount-development-key-not-for-production"  # noqa: S105 (development only)
 DEBUG = _env_bool("HARDCOUNT_DEBUG", False)
-ALLOWED_HOSTS = [h for h in os.environ.get("HARDCOUNT_ALLOWED_HOSTS", "*").split(",") if h]
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+ALLOWED_HOSTS = [
+    h for h in os.environ.get("HARDCOUNT_ALLOWED_HOSTS", "" if HARDCOUNT_PRODUCTION else "*").split(",") if h
+]
+if HARDCOUNT_PRODUCTION:
+    _refusals = []
+    if not SECRET_KEY:
+        _refusals.append("SECRET_KEY is not set")
+    elif SECRET_KEY == _DEVELOPMENT_SECRET_KEY:
+        _refusals.append("SECRET_KEY is the development key")
+    if not ALLOWED_HOSTS:
+        _refusals.append("HARDCOUNT_ALLOWED_HOSTS is not set (the service's host names, comma-separated)")
+    if DEBUG:
+        _refusals.append("HARDCOUNT_DEBUG is on")
+    if _refusals:
+        raise ImproperlyConfigured(
+            "Production settings (HARDCOUNT_DEVSTACK=0) refuse to start: "
+            + "; ".join(_refusals)
+            + ". See docs/operations.md#production-settings."
+        )
+else:
+    SECRET_KEY = SECRET_KEY or _DEVELOPMENT_SECRET_KEY
 
 INSTALLED_APPS = [
     "django_prometheus",
@@ -57,11 +92,7 @@ INSTALLED_APPS = [
     "ops",
 ]
 
-# The development stack (``manage.py serve`` behind ``make run``, ``manage.py seed_demo``, the demo
-# credentials, localstripe): the devstack app, installed unless HARDCOUNT_DEVSTACK is off. On by
-# default, so development and the tests have it; production sets HARDCOUNT_DEVSTACK=0 (the
-# Procfile does) and has none of those commands (docs/decisions/0121-kernel-ops-and-devstack.md).
-HARDCOUNT_DEVSTACK = _env_bool("HARDCOUNT_DEVSTACK", True)
+# The devstack app: development only (HARDCOUNT_DEVSTACK above).
 if HARDCOUNT_DEVSTACK:
     INSTALLED_APPS.append("devstack")
 
@@ -154,12 +185,27 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-# Operators' console: session security on.
+# Operators' console: session security on. In production cookies travel over HTTPS only, plain
+# HTTP is redirected to HTTPS (not the health and metrics paths: probes and scrapers speak HTTP
+# inside the deployment) and browsers are told to use HTTPS for a year (HSTS); each can be turned
+# off for a deployment that must (docs/operations.md#production-settings).
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_AGE = 8 * 3600
-SESSION_COOKIE_SECURE = _env_bool("HARDCOUNT_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = _env_bool("HARDCOUNT_SECURE_COOKIES", HARDCOUNT_PRODUCTION)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = _env_bool("HARDCOUNT_SSL_REDIRECT", HARDCOUNT_PRODUCTION)
+SECURE_REDIRECT_EXEMPT = [r"^health/(live|ready)$", r"^metrics$"]
+SECURE_HSTS_SECONDS = _env_int("HARDCOUNT_HSTS_SECONDS", 365 * 24 * 3600 if HARDCOUNT_PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("HARDCOUNT_HSTS_INCLUDE_SUBDOMAINS", HARDCOUNT_PRODUCTION)
+SECURE_HSTS_PRELOAD = _env_bool("HARDCOUNT_HSTS_PRELOAD", HARDCOUNT_PRODUCTION)
+# TLS ends at the proxy in front (gunicorn binds 127.0.0.1 by default): the request was HTTPS when
+# this header, which the proxy must set and overwrite, says "https". Empty: no proxy header trusted.
+_PROXY_SSL_HEADER = os.environ.get("HARDCOUNT_PROXY_SSL_HEADER", "X-Forwarded-Proto" if HARDCOUNT_PRODUCTION else "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None
+)
+SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
 # Request bodies above this many bytes are refused with 413 before any parsing.

@@ -41,8 +41,18 @@ def _get_delivery(view: ApiView, delivery_id: str, *, param: str | None = None) 
     return delivery
 
 
+def _endpoint_secret(tenant_id: str, livemode: bool, body) -> str | None:
+    return (
+        WebhookEndpoint.objects.filter(tenant_id=tenant_id, livemode=livemode, pk=body.get("id"))
+        .values_list("secret", flat=True)
+        .first()
+    )
+
+
 class WebhookEndpointListView(ApiView):
     get_query = s.WebhookEndpointListQuery
+    # Shown once: an idempotency record stores a marker, a replay reads the endpoint's secret again.
+    response_secrets = {"secret": _endpoint_secret}
 
     @extend_schema(
         operation_id="webhook_endpoints_create",
