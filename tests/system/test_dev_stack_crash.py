@@ -12,6 +12,9 @@ The negative control runs the same scenario with ``serve`` pointed at a bare loc
 (``STRIPE_API_BASE`` set: ``serve`` then starts neither localstripe nor the proxy), which ignores
 idempotency keys: the re-sent charges become second PaymentIntents and the doctor says so.
 
+A third test SIGKILLs ``serve`` itself and starts it again on the same ``var/``: the key file
+beside localstripe's store still replays what the first run was answered.
+
 ``HARDCOUNT_CRASH_SUBSCRIPTIONS`` sizes the book (default 300; the manual check used 1,500).
 """
 
@@ -75,8 +78,8 @@ class DevStack:
             HARDCOUNT_PORT=str(self.port),
             HARDCOUNT_DEMO_SUBSCRIPTIONS=str(SUBSCRIPTIONS),
             HARDCOUNT_DEVSTACK="1",
-            **env,
         )
+        full_env.update(env)
         self.env = full_env
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "serve"],
@@ -251,3 +254,39 @@ def test_negative_control_a_bare_localstripe_charges_the_resent_attempts_again(t
     gateway = gateway_result(report)
     assert gateway["status"] == "fail", gateway
     assert any("2 succeeded PaymentIntents at the gateway" in e for e in gateway["examples"]), gateway
+
+
+def test_a_killed_and_restarted_stack_still_replays_its_keys(tmp_path):
+    import stripe
+
+    var_dir = tmp_path / "var"
+    params = {"email": "jenny@example.com"}
+    options = {"idempotency_key": "hc:restart-test:customer"}
+
+    def client(stack: DevStack) -> stripe.StripeClient:
+        return stripe.StripeClient(
+            "sk_test_hardcount_localstripe", base_addresses={"api": stack.doctor_api_base()}, max_network_retries=0
+        )
+
+    first = DevStack(var_dir, {"HARDCOUNT_DEMO_SUBSCRIPTIONS": "0"})
+    try:
+        first.wait_ready()
+        created = client(first).v1.customers.create(params=params, options=options)
+        children = psutil.Process(first.process.pid).children(recursive=True)
+        first.process.send_signal(signal.SIGKILL)  # the children get SIGTERM from the kernel
+        first.process.wait(10)
+        psutil.wait_procs(children, timeout=30)
+    finally:
+        first.stop()
+    assert (var_dir / "idempotency.jsonl").exists()
+
+    second = DevStack(var_dir, {"HARDCOUNT_DEMO_SUBSCRIPTIONS": "0"})
+    try:
+        second.wait_ready()
+        again = client(second)
+        replayed = again.v1.customers.create(params=params, options=options)
+        assert replayed.id == created.id
+        assert replayed.last_response.headers.get("Idempotent-Replayed") == "true"
+        assert again.v1.customers.retrieve(created.id).email == "jenny@example.com"  # localstripe kept it too
+    finally:
+        second.stop()
