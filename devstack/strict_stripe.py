@@ -329,11 +329,18 @@ class StrictStripe:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop serving and close the key file."""
+    def stop(self, *, drain_s: float = 5.0) -> None:
+        """Stop serving, wait up to ``drain_s`` seconds for keyed requests being forwarded, close the key file."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        # A request localstripe is running now must still be stored, or its retry would charge again.
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._in_flight:
+                    break
+            time.sleep(0.05)
         if self._key_file is not None:
             with self._lock:
                 self._key_file.close()
