@@ -1,4 +1,4 @@
-"""The development stack's moving parts: localstripe, gunicorn, and a webhook receiver.
+"""The development stack's moving parts: localstripe, the strict dev Stripe, gunicorn, and a webhook receiver.
 
 ``python manage.py serve`` (and so ``make run``) uses these to run Hardcount on one
 machine with nothing but Python. Nothing here imports Django, so the localstripe child
@@ -11,6 +11,9 @@ process does not load the settings (which would start the embedded database).
   (no race for a "free" port), with the gateway's fixes (``devstack.devstripe``), and keeps
   its store in a file of our choosing: upstream localstripe pickles every write to
   ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
+- :func:`start_strict_stripe` runs :mod:`devstack.strict_stripe` in front of it (Stripe's
+  idempotency layer, which localstripe lacks), its keys kept in a file beside localstripe's store
+  (docs/decisions/0124-strict-dev-stripe.md).
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
 - :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
   whether its ``Hardcount-Signature`` verifies (docs/reference/webhooks.md, with :mod:`outbox.signing`).
@@ -282,6 +285,86 @@ def _run_localstripe(fd: int, store_path: Path) -> None:
     access.setLevel(logging.INFO)
     access.addHandler(logging.StreamHandler())
     web.run_app(app, sock=sock, access_log=access, print=None)
+
+
+# --- the strict dev Stripe -----------------------------------------------------------------------------------------
+
+
+class StrictStripeProcess:
+    """A running strict dev Stripe child in front of localstripe: ``api_base`` and its key file."""
+
+    def __init__(self, child: ChildProcess, port: int, upstream: str, store_path: Path | None, key_ttl_s: float):
+        self.child = child
+        self.port = port
+        self.upstream = upstream
+        self.store_path = store_path
+        self.key_ttl_s = key_ttl_s
+        self.api_base = f"http://127.0.0.1:{port}"
+
+    def stop(self, timeout_s: float = 5.0) -> int:
+        """Stop it (SIGTERM; every key is already on disk). Returns the exit code."""
+        return self.child.stop(timeout_s)
+
+
+def start_strict_stripe(
+    *,
+    upstream: str,
+    store_path: Path | None,
+    key_ttl_s: float,
+    log_path: Path | None = None,
+    port: int = 0,
+    api_key: str = "sk_test_devstack",
+) -> StrictStripeProcess:
+    """Start ``python -m devstack.strict_stripe`` on ``127.0.0.1:port`` (0: a free port) in front of ``upstream``.
+
+    Idempotency keys are remembered ``key_ttl_s`` seconds and kept in ``store_path`` (None: in
+    memory), so they survive a restart. Output (one line per request) goes to ``log_path``
+    (default: inherited). Returns once it answers an authenticated request through to
+    ``upstream``; raises ``RuntimeError`` or ``TimeoutError`` if it does not.
+    """
+    sock = bind_local_port(port)
+    port = sock.getsockname()[1]
+    args = [
+        sys.executable,
+        "-m",
+        "devstack.strict_stripe",
+        "--upstream",
+        upstream,
+        "--fd",
+        str(sock.fileno()),
+        "--key-ttl-s",
+        repr(float(key_ttl_s)),
+    ]
+    if store_path is not None:
+        store_path.parent.mkdir(parents=True, exist_ok=True)
+        args += ["--store", str(store_path)]
+    out = open(log_path, "ab") if log_path else None
+    try:
+        child = ChildProcess(
+            "strict-stripe",
+            args,
+            env=dict(os.environ),
+            cwd=Path(__file__).resolve().parent.parent,
+            pass_fds=(sock.fileno(),),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+        )
+    finally:
+        sock.close()
+        if out:
+            out.close()
+    proxy = StrictStripeProcess(child, port, upstream, store_path, key_ttl_s)
+    try:
+        wait_for_http(
+            f"{proxy.api_base}/v1/customers?limit=1",
+            timeout_s=20,
+            alive=lambda: child.poll() is None,
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+    except Exception:
+        proxy.stop()
+        raise
+    return proxy
 
 
 # --- gunicorn -----------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Billing fixtures: localstripe (a child process) behind the fault-injecting proxy, and a small book.
+"""Billing fixtures: localstripe (a child process) behind the strict dev Stripe, and a small book.
 
 localstripe runs once per session on a free port (``python -m devstack.devstripe``); every test
-talks to it through :class:`tests.stripe_proxy.StripeProxy`, whose faults are cleared before
-each test. Drain tests use ``transactional_db``: the drain's parallel closes run on their own
+talks to it through :class:`devstack.strict_stripe.StrictStripe` (the proxy ``make run`` puts in
+front of its localstripe too: Stripe's idempotency layer plus faults), whose faults are cleared
+before each test. Drain tests use ``transactional_db``: the drain's parallel closes run on their own
 threads and connections, so they must see committed rows.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import stripe
 
-from tests.stripe_proxy import StripeProxy
+from devstack.strict_stripe import StrictStripe
 
 ROOT = Path(__file__).resolve().parents[2]
 STRIPE_KEY = "sk_test_hardcount_localstripe"
@@ -73,7 +74,8 @@ def localstripe_base():
 
 @pytest.fixture(scope="session")
 def proxy_session(localstripe_base):
-    proxy = StripeProxy(localstripe_base).start()
+    """The strict dev Stripe in front of ``localstripe_base``, in this process (keys kept 24 h, in memory)."""
+    proxy = StrictStripe(localstripe_base).start()
     yield proxy
     proxy.stop()
 

@@ -2,8 +2,11 @@
 
 It starts, in order:
 
-1. ``localstripe`` on a free port, persisting to ``var/localstripe.pickle`` (skipped when
-   ``STRIPE_API_BASE`` is set, or ``STRIPE_API_KEY`` is a real key: then that gateway is used);
+1. ``localstripe`` on a free port, persisting to ``var/localstripe.pickle``, and in front of it
+   the strict dev Stripe (:mod:`devstack.strict_stripe`: Stripe's idempotency layer, keys kept
+   ``HARDCOUNT_DEV_STRIPE_KEY_TTL_S`` seconds, 24 h by default, in ``var/idempotency.jsonl``),
+   which is what ``STRIPE_API_BASE`` points at (both skipped when ``STRIPE_API_BASE`` is set, or
+   ``STRIPE_API_KEY`` is a real key: then that gateway is used);
 2. the demo tenant with a test and a live key, and the admin's ``operator`` superuser, both
    reused across restarts (plaintext kept in ``var/``, development only: see
    :mod:`devstack.demo`);
@@ -13,8 +16,8 @@ It starts, in order:
 
 then registers the receiver as the demo tenant's webhook endpoint, prints where to go, and
 waits. Ctrl-C or SIGTERM stops gunicorn gracefully (its workers release their leases),
-then the receiver and localstripe. The embedded PostgreSQL is left running for the next
-command (``make stop-db`` stops it), as everywhere else.
+then the receiver, the strict dev Stripe and localstripe. The embedded PostgreSQL is left
+running for the next command (``make stop-db`` stops it), as everywhere else.
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ from devstack import demo as demo_credentials
 from devstack.stack import (
     ChildProcess,
     LocalStripe,
+    StrictStripeProcess,
     WebhookReceiver,
     port_is_free,
     start_gunicorn,
     start_localstripe,
+    start_strict_stripe,
     wait_for_http,
 )
+from devstack.strict_stripe import DEFAULT_KEY_TTL_S
 
 # The key settings fall back to when STRIPE_API_KEY is unset: it only ever talks to localstripe.
 DEV_STRIPE_KEY = "sk_test_hardcount_localstripe"
@@ -53,6 +59,8 @@ SUPERVISE_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 # Development defaults for the children; any value set in the environment wins.
 DEV_ENV_DEFAULTS = {"HARDCOUNT_BILLING_INTERVAL_S": "10", "PYTHONUNBUFFERED": "1"}
+# How long the strict dev Stripe remembers an idempotency key: Stripe's 24 hours unless set.
+DEV_STRIPE_KEY_TTL_ENV = "HARDCOUNT_DEV_STRIPE_KEY_TTL_S"
 
 
 class Stopped(Exception):
@@ -70,6 +78,24 @@ class ServeContext:
     receiver: WebhookReceiver
     gunicorn: ChildProcess
     localstripe: LocalStripe | None
+    strict_stripe: StrictStripeProcess | None = None
+
+
+def dev_stripe_key_ttl_s(environ=os.environ) -> float:
+    """Seconds the strict dev Stripe remembers a key: ``HARDCOUNT_DEV_STRIPE_KEY_TTL_S``, default 24 h.
+
+    Raises ``CommandError`` when the value is not a positive number.
+    """
+    raw = environ.get(DEV_STRIPE_KEY_TTL_ENV)
+    if raw is None:
+        return DEFAULT_KEY_TTL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise CommandError(f"{DEV_STRIPE_KEY_TTL_ENV} must be a positive number of seconds, not {raw!r}")
+    return value
 
 
 def wants_localstripe(environ=os.environ) -> bool:
@@ -100,9 +126,9 @@ class Command(BaseCommand):
 
         stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-        localstripe = gunicorn = receiver = None
+        localstripe = strict_stripe = gunicorn = receiver = None
         try:
-            localstripe, stripe_api_base = self._start_gateway(var_dir)
+            localstripe, strict_stripe, stripe_api_base = self._start_gateway(var_dir)
             demo = demo_credentials.ensure_demo_tenant(var_dir / "demo-keys.json")
             operator = demo_credentials.ensure_operator(var_dir / "operator.json")
             receiver = self._make_receiver(demo)
@@ -124,7 +150,9 @@ class Command(BaseCommand):
                 if stop.is_set():
                     raise Stopped from None
                 raise CommandError("gunicorn exited during start-up; its log is above.") from None
-            ctx = ServeContext(base_url, stripe_api_base, demo, operator, receiver, gunicorn, localstripe)
+            ctx = ServeContext(
+                base_url, stripe_api_base, demo, operator, receiver, gunicorn, localstripe, strict_stripe
+            )
             self._register_webhook_endpoints(ctx, var_dir / "demo-keys.json")
             self.after_ready(ctx)
             self._print_banner(ctx, var_dir)
@@ -133,10 +161,14 @@ class Command(BaseCommand):
             pass
         finally:
             # A second Ctrl-C while stopping: no more waiting for in-flight work.
-            children = [c for c in (gunicorn, localstripe and localstripe.child) if c is not None]
+            children = [
+                c
+                for c in (gunicorn, strict_stripe and strict_stripe.child, localstripe and localstripe.child)
+                if c is not None
+            ]
             for sig in previous:
                 signal.signal(sig, lambda *_: [c.kill() for c in children])
-            self._stop(gunicorn, receiver, localstripe)
+            self._stop(gunicorn, receiver, localstripe, strict_stripe)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -179,21 +211,36 @@ class Command(BaseCommand):
             self.stdout.write("Applying migrations…")
             call_command("migrate", interactive=False, verbosity=0)
 
-    def _start_gateway(self, var_dir: Path) -> tuple[LocalStripe | None, str]:
+    def _start_gateway(self, var_dir: Path) -> tuple[LocalStripe | None, StrictStripeProcess | None, str]:
         if not wants_localstripe():
             base = os.environ.get("STRIPE_API_BASE") or "https://api.stripe.com"
             if settings.STRIPE_API_KEY.startswith(("sk_live_", "rk_live_")):
                 self.stderr.write(self.style.WARNING("STRIPE_API_KEY is a live key: charges will be real."))
-            return None, base
+            return None, None, base
+        key_ttl_s = dev_stripe_key_ttl_s()
+        store_path, keys_path = var_dir / "localstripe.pickle", var_dir / "idempotency.jsonl"
+        if not store_path.exists():
+            # The keys name localstripe's objects: a fresh localstripe starts with no keys either.
+            keys_path.unlink(missing_ok=True)
         localstripe = start_localstripe(
-            store_path=var_dir / "localstripe.pickle",
-            log_path=var_dir / "log" / "localstripe.log",
-            api_key=settings.STRIPE_API_KEY,
+            store_path=store_path, log_path=var_dir / "log" / "localstripe.log", api_key=settings.STRIPE_API_KEY
         )
-        # For the children (gunicorn inherits it) and for this process's hooks.
-        os.environ["STRIPE_API_BASE"] = localstripe.api_base
-        settings.STRIPE_API_BASE = localstripe.api_base
-        return localstripe, localstripe.api_base
+        try:
+            strict = start_strict_stripe(
+                upstream=localstripe.api_base,
+                store_path=keys_path,
+                key_ttl_s=key_ttl_s,
+                log_path=var_dir / "log" / "strict-stripe.log",
+                api_key=settings.STRIPE_API_KEY,
+            )
+        except Exception:
+            localstripe.stop()
+            raise
+        # For the children (gunicorn inherits it) and for this process's hooks: every charge goes
+        # through the strict dev Stripe, never to localstripe directly.
+        os.environ["STRIPE_API_BASE"] = strict.api_base
+        settings.STRIPE_API_BASE = strict.api_base
+        return localstripe, strict, strict.api_base
 
     def _make_receiver(self, demo: demo_credentials.DemoTenant) -> WebhookReceiver:
         saved_port = demo.extra.get("webhook_receiver_port")
@@ -254,12 +301,16 @@ class Command(BaseCommand):
     def _print_banner(self, ctx: ServeContext, var_dir: Path) -> None:
         username, password = ctx.operator
         demo = ctx.demo
-        gateway = (
-            f"localstripe at {ctx.stripe_api_base} (store {var_dir / 'localstripe.pickle'}, "
-            f"log {var_dir / 'log' / 'localstripe.log'})"
-            if ctx.localstripe
-            else ctx.stripe_api_base
-        )
+        if ctx.localstripe and ctx.strict_stripe:
+            proxy = ctx.strict_stripe
+            gateway = (
+                f"strict dev Stripe at {proxy.api_base} (idempotency keys kept {_duration(proxy.key_ttl_s)} in "
+                f"{proxy.store_path}, log {var_dir / 'log' / 'strict-stripe.log'})\n"
+                f"                 in front of localstripe at {ctx.localstripe.api_base} (store "
+                f"{var_dir / 'localstripe.pickle'}, log {var_dir / 'log' / 'localstripe.log'})"
+            )
+        else:
+            gateway = ctx.stripe_api_base
         database = (
             "DATABASE_URL"
             if os.environ.get("DATABASE_URL")
@@ -287,6 +338,7 @@ class Command(BaseCommand):
             f"  health         {ctx.base_url}/health/ready",
             f"  metrics        {ctx.base_url}/metrics",
             f"  gateway        {gateway}",
+            f"  doctor         STRIPE_API_BASE={ctx.stripe_api_base} python manage.py doctor --gateway",
             f"  webhooks       {ctx.receiver.url} logs each delivery below; endpoint for {hooked or 'no mode'}",
             f"  database       {database}",
             "",
@@ -305,6 +357,10 @@ class Command(BaseCommand):
                 raise CommandError(f"gunicorn exited with code {ctx.gunicorn.poll()}; stopping.")
             if ctx.localstripe and ctx.localstripe.child.poll() is not None:
                 raise CommandError(f"localstripe exited with code {ctx.localstripe.child.poll()}; stopping.")
+            if ctx.strict_stripe and ctx.strict_stripe.child.poll() is not None:
+                raise CommandError(
+                    f"the strict dev Stripe exited with code {ctx.strict_stripe.child.poll()}; stopping."
+                )
             waited += SUPERVISE_EVERY_S
             if waited >= PROGRESS_EVERY_S:
                 waited = 0.0
@@ -313,17 +369,27 @@ class Command(BaseCommand):
                     self.stdout.write(line)
         self.stdout.write("Stopping… (Ctrl-C again to kill at once)")
 
-    def _stop(self, gunicorn, receiver, localstripe) -> None:
-        # gunicorn first: its workers may still be charging through localstripe.
+    def _stop(self, gunicorn, receiver, localstripe, strict_stripe=None) -> None:
+        # gunicorn first: its workers may still be charging through the strict dev Stripe; then the
+        # proxy, so nothing reaches localstripe after the proxy stopped storing keys.
         if gunicorn is not None:
             graceful_s = float(os.environ.get("HARDCOUNT_GRACEFUL_TIMEOUT_S", "15"))
             gunicorn.stop(graceful_s + 5)
         if receiver is not None:
             receiver.stop()
+        if strict_stripe is not None:
+            strict_stripe.stop()
         if localstripe is not None:
             localstripe.stop()
         if gunicorn is not None:
             self.stdout.write("Stopped gunicorn" + (" and localstripe." if localstripe else "."))
+
+
+def _duration(seconds: float) -> str:
+    """``24 h``, ``90 s``: a key TTL as the banner shows it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds:g} s"
 
 
 def _api(base_url: str, key: str, method: str, path: str, body: dict | None = None) -> tuple[int, object]:

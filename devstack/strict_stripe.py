@@ -1,0 +1,556 @@
+"""The strict dev Stripe: an HTTP proxy in front of localstripe with Stripe's idempotency layer, and faults.
+
+localstripe ignores ``Idempotency-Key`` and never fails on demand. ``make run`` (``serve``) and
+every gateway test talk to localstripe through this proxy, which behaves as Stripe's idempotency
+layer does (https://docs.stripe.com/api/idempotent_requests; docs/decisions/0124-strict-dev-stripe.md):
+
+- the first response forwarded for a key is stored and replayed (with ``Idempotent-Replayed:
+  true``) for every later request with the same key and the same method, path and body, until
+  the key is ``key_ttl_s`` old (Stripe prunes keys once they are 24 hours old, the default);
+  after that the same key runs the request again, as at Stripe (a second PaymentIntent);
+- a different method, path or body under a live key is answered ``400`` with an
+  ``idempotency_error``; a second request while the first with that key is still in flight is
+  answered ``409`` with an ``idempotency_error``;
+- an injected ``500``/``429`` is answered *before* forwarding and is not stored (a front-end
+  failure: the endpoint never ran, so Stripe saves nothing and a same-key retry runs it);
+- with ``store_path``, every stored response is appended to that file (one JSON line, with the
+  time the key was first seen) before the client gets it, and the file is read back on start:
+  a restarted dev stack still replays what its localstripe store remembers.
+
+Faults are armed in-process through :meth:`StrictStripe.fail_next`:
+
+- ``"timeout"``: hold the request without forwarding it, then drop the connection (the
+  client times out; nothing happened upstream);
+- ``"timeout_after_forward"``: forward it (the charge happens, the response is stored under
+  its key), then hold the answer until the client times out;
+- ``"reset"``: forward it, store the response, then reset the connection (the charge
+  happened, the response is lost);
+- ``"500"`` / ``"429"``: answer that status with a Stripe-shaped error body;
+- ``"delay"``: forward it after ``delay_s`` (to widen race windows).
+
+Each fault applies to the next ``times`` requests that ``match`` (a callable on
+:class:`ProxyRequest`, or a substring of ``"METHOD /path"``). :attr:`StrictStripe.log` lists
+every request with what the proxy did, so tests can count what reached localstripe.
+
+Run on its own (``serve`` starts it this way, through :func:`devstack.stack.start_strict_stripe`)::
+
+    python -m devstack.strict_stripe --upstream http://127.0.0.1:8420 --port 8421 \\
+        --key-ttl-s 86400 --store var/idempotency.jsonl
+
+Standard library only: this module must run without Django's settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+FAULT_KINDS = ("timeout", "timeout_after_forward", "reset", "500", "429", "delay")
+# Stripe keeps a key for at least 24 hours, then may prune it.
+DEFAULT_KEY_TTL_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class ProxyRequest:
+    """One request as the proxy saw it (``idempotency_key`` is None except on POST)."""
+
+    method: str
+    path: str
+    body: bytes
+    idempotency_key: str | None
+
+    @property
+    def params(self) -> dict[str, str]:
+        """The form-encoded body as a dict (Stripe's v1 encoding)."""
+        return dict(parse_qsl(self.body.decode(), keep_blank_values=True))
+
+    @property
+    def line(self) -> str:
+        """``"METHOD /path"`` without the query string."""
+        return f"{self.method} {urlsplit(self.path).path}"
+
+
+@dataclass
+class _Fault:
+    kind: str
+    times: int
+    match: Callable[[ProxyRequest], bool]
+    hold_s: float
+    delay_s: float
+
+
+@dataclass
+class LogEntry:
+    """What the proxy did with one request: ``action`` is ``forwarded``, ``replayed``,
+    ``conflict``, ``in_flight``, ``truncated`` (the body never fully arrived: dropped unforwarded),
+    ``upstream_error`` or a fault kind; ``status`` what the client got (None: nothing)."""
+
+    request: ProxyRequest
+    action: str
+    status: int | None
+    response: dict | None = field(default=None, repr=False)
+
+
+@dataclass
+class _Stored:
+    fingerprint: str
+    status: int
+    body: bytes
+    content_type: str
+    first_seen: float  # wall-clock seconds (time.time()): the key's age survives a restart
+
+    def to_line(self, key: str) -> str:
+        # latin-1 maps every byte to one code point: any body round-trips through JSON.
+        return json.dumps(
+            {
+                "key": key,
+                "first_seen": self.first_seen,
+                "fingerprint": self.fingerprint,
+                "status": self.status,
+                "content_type": self.content_type,
+                "body": self.body.decode("latin-1"),
+            }
+        )
+
+    @staticmethod
+    def from_line(line: str) -> tuple[str, _Stored]:
+        d = json.loads(line)
+        return d["key"], _Stored(
+            d["fingerprint"], int(d["status"]), d["body"].encode("latin-1"), d["content_type"], float(d["first_seen"])
+        )
+
+
+def _fingerprint(req: ProxyRequest) -> str:
+    # Stripe compares parameters, not bytes: sort the form pairs.
+    pairs = sorted(parse_qsl(req.body.decode(), keep_blank_values=True))
+    return hashlib.sha256(json.dumps([req.method, urlsplit(req.path).path, pairs]).encode()).hexdigest()
+
+
+def _error_body(status: int, type_: str, message: str, code: str | None = None) -> bytes:
+    error = {"type": type_, "message": message}
+    if code:
+        error["code"] = code
+    return json.dumps({"error": error}).encode()
+
+
+class KeyFile:
+    """The key store on disk: one JSON line per stored response, appended; a later line for a key wins.
+
+    :meth:`load` reads the live keys back (expired ones and a torn last line are dropped) and
+    rewrites the file with only those, so it does not grow across restarts.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = None
+
+    def load(self, *, now: float, ttl_s: float) -> dict[str, _Stored]:
+        """The keys younger than ``ttl_s`` at ``now`` (seconds); compacts the file. Raises ``OSError``."""
+        stored: dict[str, _Stored] = {}
+        try:
+            with open(self.path, encoding="ascii") as f:
+                for line in f:
+                    try:
+                        key, entry = _Stored.from_line(line)
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line torn by a kill mid-append
+                    stored[key] = entry
+        except FileNotFoundError:
+            pass
+        live = {k: v for k, v in stored.items() if now - v.first_seen < ttl_s}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        with open(tmp, "w", encoding="ascii") as f:
+            for key, entry in live.items():
+                f.write(entry.to_line(key) + "\n")
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="ascii")
+        return live
+
+    def append(self, key: str, entry: _Stored) -> None:
+        """Write one entry through to the OS (a SIGKILL of this process loses nothing written)."""
+        if self._file is not None:
+            self._file.write(entry.to_line(key) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (appends after this are dropped)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class StrictStripe:
+    """The proxy: ``StrictStripe(upstream).start()``; ``api_base`` is its URL; ``stop()`` ends it.
+
+    ``key_ttl_s``: seconds a key is remembered after it was first seen (default 24 h).
+    ``store_path``: the key file (None: memory only). ``keep_log``: keep :attr:`log` (tests);
+    off, nothing is kept per request, so a long-running dev stack does not grow.
+    ``access_log``: called with one line per request. ``clock``: wall-clock seconds, for the TTL.
+    """
+
+    def __init__(
+        self,
+        upstream_base: str,
+        *,
+        upstream_timeout_s: float = 30.0,
+        key_ttl_s: float = DEFAULT_KEY_TTL_S,
+        store_path: Path | None = None,
+        keep_log: bool = True,
+        access_log: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        if key_ttl_s <= 0:
+            raise ValueError("key_ttl_s must be positive")
+        parts = urlsplit(upstream_base)
+        self.upstream_base = upstream_base
+        self._upstream_host = parts.hostname
+        self._upstream_port = parts.port
+        self._upstream_timeout_s = upstream_timeout_s
+        self.key_ttl_s = key_ttl_s
+        self._clock = clock
+        self._keep_log = keep_log
+        self._access_log = access_log
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+        self._key_file = KeyFile(store_path) if store_path is not None else None
+        self._stored: dict[str, _Stored] = {}
+        self._in_flight: set[str] = set()
+        self.log: list[LogEntry] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- control, from the test --------------------------------------------------------------------------------
+
+    @property
+    def api_base(self) -> str:
+        """``http://127.0.0.1:<port>`` once started."""
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def fail_next(
+        self,
+        kind: str,
+        *,
+        times: int = 1,
+        match: str | Callable[[ProxyRequest], bool] | None = None,
+        hold_s: float = 3.0,
+        delay_s: float = 0.5,
+    ) -> None:
+        """Arm ``kind`` (one of :data:`FAULT_KINDS`) for the next ``times`` matching requests.
+
+        ``match``: None (every request), a substring of ``"METHOD /path"`` such as
+        ``"POST /v1/payment_intents"``, or a predicate. ``hold_s`` is how long a timeout holds
+        the connection (make it longer than the client's timeout). Raises ``ValueError`` for an
+        unknown kind.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}")
+        if match is None:
+            predicate = lambda r: True  # noqa: E731
+        elif isinstance(match, str):
+            predicate = lambda r, s=match: s in r.line  # noqa: E731
+        else:
+            predicate = match
+        with self._lock:
+            self._faults.append(_Fault(kind, times, predicate, hold_s, delay_s))
+
+    def clear(self) -> None:
+        """Disarm every fault and forget the log (stored idempotent responses are kept, as in Stripe)."""
+        with self._lock:
+            self._faults.clear()
+            self.log.clear()
+
+    def entries(self, line: str | None = None, action: str | None = None) -> list[LogEntry]:
+        """Log entries whose ``"METHOD /path"`` contains ``line`` and whose action is ``action``."""
+        with self._lock:
+            return [
+                e
+                for e in self.log
+                if (line is None or line in e.request.line) and (action is None or e.action == action)
+            ]
+
+    def stored_keys(self) -> dict[str, float]:
+        """Every remembered key with the wall-clock time it was first seen (expired ones included until used)."""
+        with self._lock:
+            return {key: entry.first_seen for key, entry in self._stored.items()}
+
+    def start(self, *, port: int = 0, sock: socket.socket | None = None) -> StrictStripe:
+        """Load the key file, then serve on ``127.0.0.1:port`` (0: a free one) or the listening ``sock``.
+
+        Returns self. Raises ``OSError`` if the port is taken or the key file cannot be written.
+        """
+        if self._key_file is not None:
+            self._stored = self._key_file.load(now=self._clock(), ttl_s=self.key_ttl_s)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else delayed ACKs add 40 ms to every answer
+
+            def log_message(self, format, *args):  # quiet: the access log is ours
+                return
+
+            def do_GET(self):
+                proxy._handle(self)
+
+            def do_POST(self):
+                proxy._handle(self)
+
+            def do_DELETE(self):
+                proxy._handle(self)
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # aborted connections are the point
+                return
+
+        if sock is None:
+            self._server = Server(("127.0.0.1", port), Handler)
+        else:
+            self._server = Server(sock.getsockname(), Handler, bind_and_activate=False)
+            self._server.socket.close()
+            self._server.socket = sock
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="strict-stripe", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, *, drain_s: float = 5.0) -> None:
+        """Stop serving, wait up to ``drain_s`` seconds for keyed requests being forwarded, close the key file."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        # A request localstripe is running now must still be stored, or its retry would charge again.
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._in_flight:
+                    break
+            time.sleep(0.05)
+        if self._key_file is not None:
+            with self._lock:
+                self._key_file.close()
+
+    # --- request handling ---------------------------------------------------------------------------------------
+
+    def _take_fault(self, req: ProxyRequest) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.times > 0 and fault.match(req):
+                    fault.times -= 1
+                    return fault
+        return None
+
+    def _record(self, entry: LogEntry, payload: bytes | None = None) -> None:
+        if self._keep_log:
+            if payload is not None:
+                entry.response = _json(payload)
+            with self._lock:
+                self.log.append(entry)
+        if self._access_log is not None:
+            key = f" key={entry.request.idempotency_key}" if entry.request.idempotency_key else ""
+            self._access_log(f"{entry.request.line}{key} {entry.action} {entry.status or '-'}")
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else b""
+        key = handler.headers.get("Idempotency-Key")
+        req = ProxyRequest(handler.command, handler.path, body, key if handler.command == "POST" else None)
+        if len(body) < length:
+            # The client died while sending (e.g. SIGKILLed between headers and body): like any
+            # HTTP server, Stripe never runs a request whose body did not arrive, and stores
+            # nothing under its key.
+            self._record(LogEntry(req, "truncated", None))
+            handler.close_connection = True
+            return
+        seen_at = self._clock()
+
+        fault = self._take_fault(req)
+        if fault and fault.kind in ("500", "429"):
+            status = int(fault.kind)
+            type_ = "api_error" if status == 500 else "invalid_request_error"
+            code = None if status == 500 else "rate_limit"
+            self._record(LogEntry(req, fault.kind, status))
+            self._send(handler, status, _error_body(status, type_, f"injected {status}", code), "application/json")
+            return
+        if fault and fault.kind == "timeout":
+            self._record(LogEntry(req, "timeout", None))
+            time.sleep(fault.hold_s)
+            self._abort(handler)
+            return
+        if fault and fault.kind == "delay":
+            time.sleep(fault.delay_s)
+
+        if req.idempotency_key:
+            replay = self._idempotent(req)
+            if replay is not None:
+                action, status, payload, ctype = replay
+                self._record(LogEntry(req, action, status), payload)
+                self._send(handler, status, payload, ctype, replayed=action == "replayed")
+                return
+
+        try:
+            status, payload, ctype = self._forward(handler, req)
+        except OSError as exc:
+            if req.idempotency_key:
+                with self._lock:
+                    self._in_flight.discard(req.idempotency_key)
+            self._record(LogEntry(req, "upstream_error", 502))
+            self._send(handler, 502, _error_body(502, "api_error", f"upstream unreachable: {exc}"), "application/json")
+            return
+        if req.idempotency_key:
+            entry = _Stored(_fingerprint(req), status, payload, ctype, seen_at)
+            with self._lock:
+                self._stored[req.idempotency_key] = entry
+                # On disk before the client can hear of it: a restarted stack replays what it was told.
+                if self._key_file is not None:
+                    self._key_file.append(req.idempotency_key, entry)
+                self._in_flight.discard(req.idempotency_key)
+
+        if fault and fault.kind == "timeout_after_forward":
+            self._record(LogEntry(req, "timeout_after_forward", None), payload)
+            time.sleep(fault.hold_s)
+            self._abort(handler)
+            return
+        if fault and fault.kind == "reset":
+            self._record(LogEntry(req, "reset", None), payload)
+            self._abort(handler)
+            return
+        self._record(LogEntry(req, "forwarded", status), payload)
+        self._send(handler, status, payload, ctype)
+
+    def _idempotent(self, req: ProxyRequest) -> tuple[str, int, bytes, str] | None:
+        """A replay/conflict answer for a live key, or None after marking the key in flight."""
+        assert req.idempotency_key is not None
+        with self._lock:
+            stored = self._stored.get(req.idempotency_key)
+            if stored is not None and self._clock() - stored.first_seen >= self.key_ttl_s:
+                # Pruned, as Stripe prunes a key once it is old enough: the request runs again.
+                del self._stored[req.idempotency_key]
+                stored = None
+            if stored is not None:
+                if stored.fingerprint != _fingerprint(req):
+                    msg = (
+                        "Keys for idempotent requests can only be used with the same parameters "
+                        "they were first used with."
+                    )
+                    return "conflict", 400, _error_body(400, "idempotency_error", msg), "application/json"
+                return "replayed", stored.status, stored.body, stored.content_type
+            if req.idempotency_key in self._in_flight:
+                msg = "There is currently another in-progress request using this Idempotent Key."
+                return "in_flight", 409, _error_body(409, "idempotency_error", msg), "application/json"
+            self._in_flight.add(req.idempotency_key)
+        return None
+
+    def _forward(self, handler: BaseHTTPRequestHandler, req: ProxyRequest) -> tuple[int, bytes, str]:
+        conn = http.client.HTTPConnection(self._upstream_host, self._upstream_port, timeout=self._upstream_timeout_s)
+        try:
+            headers = {
+                k: v for k, v in handler.headers.items() if k.lower() not in ("host", "connection", "content-length")
+            }
+            headers["Content-Length"] = str(len(req.body))
+            conn.request(req.method, req.path, body=req.body or None, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+            return resp.status, payload, resp.getheader("Content-Type", "application/json")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _send(
+        handler: BaseHTTPRequestHandler, status: int, payload: bytes, ctype: str, *, replayed: bool = False
+    ) -> None:
+        try:
+            handler.send_response(status)
+            handler.send_header("Content-Type", ctype)
+            handler.send_header("Content-Length", str(len(payload)))
+            handler.send_header("Request-Id", "req_proxy")
+            if replayed:
+                handler.send_header("Idempotent-Replayed", "true")
+            handler.end_headers()
+            handler.wfile.write(payload)
+            handler.wfile.flush()
+        except OSError:
+            # The client is gone (killed mid-request): what ran upstream is already stored.
+            handler.close_connection = True
+
+    @staticmethod
+    def _abort(handler: BaseHTTPRequestHandler) -> None:
+        """Reset the connection: SO_LINGER 0 makes close() send RST, so the client sees a reset."""
+        try:
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        handler.close_connection = True
+        try:
+            handler.connection.close()
+        except OSError:
+            pass
+
+
+def _json(payload: bytes) -> dict | None:
+    try:
+        value = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the strict dev Stripe in front of ``--upstream`` until SIGTERM or Ctrl-C (exit 0)."""
+    parser = argparse.ArgumentParser(prog="python -m devstack.strict_stripe", description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True, help="localstripe's base URL, e.g. http://127.0.0.1:8420")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="port on 127.0.0.1 to listen on (0: a free one)")
+    where.add_argument("--fd", type=int, help="an inherited listening socket to serve on")
+    parser.add_argument(
+        "--key-ttl-s",
+        type=float,
+        default=DEFAULT_KEY_TTL_S,
+        help=f"seconds an idempotency key is remembered (default {DEFAULT_KEY_TTL_S:.0f}, Stripe's 24 h)",
+    )
+    parser.add_argument("--store", type=Path, default=None, help="key file (JSON lines); default: memory only")
+    parser.add_argument("--quiet", action="store_true", help="no access log line per request")
+    args = parser.parse_args(argv)
+
+    def write(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    proxy = StrictStripe(
+        args.upstream,
+        key_ttl_s=args.key_ttl_s,
+        store_path=args.store,
+        keep_log=False,
+        access_log=None if args.quiet else write,
+    )
+    sock = socket.socket(fileno=args.fd) if args.fd is not None else None
+    proxy.start(port=args.port or 0, sock=sock)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    write(
+        f"strict dev Stripe on {proxy.api_base} in front of {args.upstream}: idempotency keys kept "
+        f"{args.key_ttl_s:g} s, {len(proxy.stored_keys())} live, store {args.store or 'in memory'}"
+    )
+    while not done.wait(1.0):
+        pass
+    proxy.stop()
+
+
+if __name__ == "__main__":
+    main()
