@@ -37,6 +37,13 @@ def allow_outbound(entry: str, *, allowed: bool = True) -> None:
         os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = ",".join(settings.HARDCOUNT_OUTBOUND_ALLOW)
 
 
+class _ReceiverServer(ThreadingHTTPServer):
+    # A real server's listen backlog, not socketserver's 5: with eight workers connecting at once on a
+    # loaded machine, a backlog of 5 drops SYNs, and the kernel's 1 s SYN retransmit outlasts the
+    # tests' 1 s connect timeout, turning a receiver that is up into a "timeout".
+    request_queue_size = 128
+
+
 @dataclass
 class Received:
     path: str
@@ -106,7 +113,7 @@ class Receiver:
                 except OSError:
                     pass  # the executor gave up on us (cancelled or timed out)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _ReceiverServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
