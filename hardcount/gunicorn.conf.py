@@ -20,9 +20,23 @@ and 500 in all (gunicorn buffers up to fields × field size before it refuses, s
 maxima, 32768 fields of unbounded size, would let one request make a worker hold gigabytes).
 Whatever gunicorn still refuses while parsing is answered with the same JSON error body by
 :class:`hardcount.limits.JsonErrorWorker`, a ``gthread`` worker.
+
+Metrics (docs/decisions/0126-metrics-one-truth-per-scrape.md): a scrape of ``/metrics`` is
+answered by whichever worker takes it, so the process counters (django-prometheus's
+``django_http_*`` and ``django_db_*``, the outbox's delivery attempts) are kept in
+prometheus_client's multiprocess mode, and every worker serves their sum over all workers of
+this run. Reading this file creates the run's directory, ``hardcount-metrics-<master pid>-*``
+in the temporary directory (``TMPDIR``), and sets ``PROMETHEUS_MULTIPROC_DIR`` to it before any
+worker imports prometheus_client; the master removes it on exit, and removes those of masters
+that are gone (killed). A ``PROMETHEUS_MULTIPROC_DIR`` set in the environment is used as it
+is (created if missing, never emptied or removed: empty it between runs).
 """
 
+import glob
 import os
+import re
+import shutil
+import tempfile
 
 wsgi_app = "hardcount.wsgi:application"
 bind = os.environ.get("HARDCOUNT_BIND", f"127.0.0.1:{os.environ.get('HARDCOUNT_PORT', '8000')}")
@@ -36,6 +50,53 @@ limit_request_line = 8190
 limit_request_field_size = 32768
 limit_request_fields = 500
 errorlog = "-"
+
+METRICS_DIR_PREFIX = "hardcount-metrics-"
+# "<master pid>:<directory>" of the directory this configuration created. Reading the file again
+# in the same master (SIGHUP) keeps the directory, so the counters go on; a new master (a USR2
+# re-exec inherits the environment) makes its own.
+_METRICS_DIR_OWNER = "HARDCOUNT_METRICS_DIR_OWNER"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_metrics_dirs(parent: str) -> None:
+    for path in glob.glob(os.path.join(parent, METRICS_DIR_PREFIX + "*")):
+        match = re.fullmatch(re.escape(METRICS_DIR_PREFIX) + r"(\d+)-.*", os.path.basename(path))
+        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def setup_metrics_dir() -> str | None:
+    """Point ``PROMETHEUS_MULTIPROC_DIR`` at this run's directory; the directory when this master owns it.
+
+    None when the environment named the directory itself (it is then the operator's to empty).
+    """
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    owner = os.environ.get(_METRICS_DIR_OWNER, "")
+    if given and owner == f"{os.getpid()}:{given}":
+        os.makedirs(given, exist_ok=True)
+        return given
+    if given and not owner:
+        os.makedirs(given, exist_ok=True)
+        return None
+    parent = tempfile.gettempdir()
+    _remove_stale_metrics_dirs(parent)
+    path = tempfile.mkdtemp(prefix=f"{METRICS_DIR_PREFIX}{os.getpid()}-", dir=parent)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    os.environ[_METRICS_DIR_OWNER] = f"{os.getpid()}:{path}"
+    return path
+
+
+_owned_metrics_dir = setup_metrics_dir()
 
 
 def _scheduler_enabled() -> bool:
@@ -72,3 +133,16 @@ def worker_abort(worker):
 def worker_exit(server, worker):
     """The worker is exiting (graceful stop or restart): stop the runtime, releasing its leases."""
     _stop_runtime()
+
+
+def child_exit(server, worker):
+    """In the master, once a worker is gone: drop its live gauges; its counters stay in the sums."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    """The master is exiting: remove the metrics directory it created."""
+    if _owned_metrics_dir:
+        shutil.rmtree(_owned_metrics_dir, ignore_errors=True)

@@ -1,10 +1,18 @@
-"""Prometheus metrics of docs/reference/metrics.md, computed from the database at scrape time.
+"""Prometheus metrics of docs/reference/metrics.md: one truth per scrape, whichever process answers.
 
 ``/metrics`` serves django-prometheus's metrics (requests, database calls) plus the
-:class:`HardcountCollector`. Metrics that describe the database — lease stamps, due and
-failing subscriptions, billing runs and attempts, the delivery backlog — are computed by
-SQL when Prometheus scrapes, so every replica reports the same, exact values whatever
-process did the work, and they survive restarts (decision record 0021).
+:class:`HardcountCollector`. Metrics that describe the database — lease holders and stamps, due
+and failing subscriptions, billing runs and attempts, the delivery backlog — are computed by
+SQL when Prometheus scrapes, so every replica and every worker reports the same, exact values
+whatever process did the work, and they survive restarts (decision record 0021).
+
+Counters of what a process does (django-prometheus's ``django_http_*`` and ``django_db_*``, the
+outbox's delivery attempts) are prometheus_client metrics. Under gunicorn they are kept in
+prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by
+``hardcount/gunicorn.conf.py``): :func:`metrics_registry` then serves their sum over every
+worker of the run, dead ones included, so whichever worker answers a scrape the counters never
+go down (docs/decisions/0126-metrics-one-truth-per-scrape.md). A single process
+(``runscheduler --metrics-port``, ``runserver``, the tests) serves its own registry.
 
 The kernel imports no app (decision record 0121). The lease metrics come from the lease
 store the ``leases`` app registers (:func:`hardcount.scheduler.leadership.lease_store`); every
@@ -17,18 +25,20 @@ Metrics of the kernel itself:
 
 - ``hardcount_scheduler_last_run_timestamp_seconds{role}``: when the role's last tick completed (Unix s).
 - ``hardcount_leader_last_tick_age_seconds{role}``: age of the role's liveness stamp (last tick or drain page).
-- ``hardcount_leader_is_leader{role}``: 1 when a scheduler runtime in *this process* holds the role;
-  summed over all scraped processes it is 1 per role.
+- ``hardcount_leader_is_leader{role}``: 1 when the role's lease row has a holder whose lease has not
+  expired by the database's ``now()``, else 0; the same in every process.
+- ``hardcount_leader_holder{role,holder}``: 1 for the holder of that live lease (absent when none).
 - ``hardcount_clock_skew_seconds``: this process's clock minus the database's (positive: the app is ahead).
 
 The providers' metrics are listed in their modules (:mod:`billing.metrics`: due, oldest due,
 failing, cycle durations, invoices by outcome; :mod:`outbox.metrics`: the delivery backlog and
-the executor's delivery attempts counter, counted in the process that runs it).
+the executor's delivery attempts counter).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -36,14 +46,16 @@ from typing import Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
+from django.http import HttpResponse
 from django.utils.module_loading import import_string
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from hardcount.logfmt import logfmt
-from hardcount.scheduler import configured_roles, process_leadership
-from hardcount.scheduler.leadership import lease_store
+from hardcount.scheduler import configured_roles
+from hardcount.scheduler.leadership import LeaseStatus, lease_store
 
 logger = logging.getLogger("hardcount.metrics")
 
@@ -120,12 +132,13 @@ def measure_clock_skew_s() -> float:
 
 
 class HardcountCollector(Collector):
-    """Yields the metrics of docs/reference/metrics.md on each scrape (one short read-only transaction).
+    """Yields the database metrics of docs/reference/metrics.md on each scrape (one short read-only transaction).
 
     Families come in a fixed order: the lease families, then each provider's, then the clock
     skew. With ``close_connection`` the thread's database connection is closed after each
-    scrape (for the throwaway threads of :func:`serve_metrics`). A database error skips the
-    database metrics of that scrape and is logged; the scrape itself still succeeds.
+    scrape (for the throwaway threads of :func:`serve_metrics`). A database error drops every
+    family of this collector from that scrape and is logged; the scrape itself still succeeds,
+    with the process counters.
     """
 
     def __init__(self, *, close_connection: bool = False) -> None:
@@ -144,10 +157,8 @@ class HardcountCollector(Collector):
             provided = self._fill(families, providers)
         except DatabaseError as exc:
             logger.warning(logfmt("metrics_db_error", error=type(exc).__name__, detail=str(exc)[:200]))
-            # Leadership is this process's own state: still worth reporting without the database.
-            is_leader = self._families()["is_leader"]
-            self._fill_leadership({"is_leader": is_leader}, role_intervals())
-            families, provided = {"is_leader": is_leader}, []
+            # Leadership is the lease table's too: without the database there is no value to report.
+            families, provided = {}, []
         finally:
             if self.close_connection:
                 connection.close()
@@ -155,7 +166,7 @@ class HardcountCollector(Collector):
 
     @staticmethod
     def _in_order(families: dict[str, Metric], provided: list[Metric]) -> Iterator[Metric]:
-        for key in ("last_run", "tick_age", "is_leader"):
+        for key in ("last_run", "tick_age", "is_leader", "holder"):
             if key in families:
                 yield families[key]
         yield from provided
@@ -177,8 +188,13 @@ class HardcountCollector(Collector):
             ),
             "is_leader": GaugeMetricFamily(
                 "hardcount_leader_is_leader",
-                "1 when a scheduler runtime in this process holds the role's lease.",
+                "1 when the role's lease has a holder and has not expired (database clock), else 0.",
                 labels=["role"],
+            ),
+            "holder": GaugeMetricFamily(
+                "hardcount_leader_holder",
+                "1 for the holder of the role's live lease; absent when nobody holds it.",
+                labels=["role", "holder"],
             ),
             "skew": GaugeMetricFamily(
                 "hardcount_clock_skew_seconds",
@@ -200,41 +216,62 @@ class HardcountCollector(Collector):
                 families["last_run"].add_metric([lease.role], lease.last_tick_at.timestamp())
             if lease.stamp_age_s is not None:
                 families["tick_age"].add_metric([lease.role], lease.stamp_age_s)
-        self._fill_leadership(families, intervals, [lease.role for lease in leases])
+        self._fill_leadership(families, intervals, leases)
         return provided
 
     @staticmethod
-    def _fill_leadership(families: dict[str, Metric], intervals: dict[str, float], more: list[str] = ()) -> None:
-        for role, leading in sorted(process_leadership([*intervals, *more]).items()):
-            families["is_leader"].add_metric([role], 1 if leading else 0)
+    def _fill_leadership(families: dict[str, Metric], intervals: dict[str, float], leases: list[LeaseStatus]) -> None:
+        # ``held`` is the lease store's reading in the scrape's transaction: a holder, and
+        # ``expires_at > now()`` by the database's clock, so every process reads the same.
+        by_role = {lease.role: lease for lease in leases}
+        for role in sorted({*intervals, *by_role}):
+            lease = by_role.get(role)
+            held = lease is not None and lease.held and lease.holder is not None
+            families["is_leader"].add_metric([role], 1 if held else 0)
+            if held:
+                families["holder"].add_metric([role, lease.holder], 1)
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus_client's multiprocess directory when this process runs in that mode (under gunicorn), else None."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
 
 
 _install_lock = threading.Lock()
-_installed: HardcountCollector | None = None
+_registry: CollectorRegistry | None = None
 
 
-def install(*, close_connection: bool = False) -> HardcountCollector:
-    """Register the collector in prometheus_client's default registry (once per process)."""
-    global _installed  # noqa: PLW0603 - one collector per process registry
+def metrics_registry(*, close_connection: bool = False) -> CollectorRegistry:
+    """The registry ``/metrics`` serves, built once per process with :class:`HardcountCollector` in it.
+
+    In multiprocess mode (:func:`multiprocess_dir`): a registry of its own with the
+    :class:`~prometheus_client.multiprocess.MultiProcessCollector`, so the process counters are
+    the sums over every worker of the run (prometheus_client's process and GC collectors are
+    per process and left out). Otherwise prometheus_client's default registry.
+    ``close_connection`` is passed to the collector the first call creates.
+    """
+    global _registry  # noqa: PLW0603 - one served registry per process
     with _install_lock:
-        if _installed is None:
+        if _registry is None:
             # Imports the providers first, so the app metrics their modules define (the outbox's
-            # delivery attempts counter) are registered in this process before the collector.
+            # delivery attempts counter) exist in this process before the first scrape.
             metrics_providers()
-            _installed = HardcountCollector(close_connection=close_connection)
-            REGISTRY.register(_installed)
-        return _installed
+            collector = HardcountCollector(close_connection=close_connection)
+            if multiprocess_dir():
+                registry = CollectorRegistry()
+                MultiProcessCollector(registry)
+            else:
+                registry = REGISTRY
+            registry.register(collector)
+            _registry = registry
+        return _registry
 
 
 def metrics_view(request):
-    """``GET /metrics``: django-prometheus's exporter, with :class:`HardcountCollector` installed."""
-    from django_prometheus.exports import ExportToDjangoView
-
-    install()
-    return ExportToDjangoView(request)
+    """``GET /metrics``: :func:`metrics_registry` in Prometheus's text format."""
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a metrics port is meant to be scraped
-    """Serve this process's metrics on ``addr:port`` from a background thread (``runscheduler --metrics-port``)."""
-    install(close_connection=True)
-    start_http_server(port, addr=addr, registry=REGISTRY)
+    """Serve :func:`metrics_registry` on ``addr:port`` from a background thread (``runscheduler --metrics-port``)."""
+    start_http_server(port, addr=addr, registry=metrics_registry(close_connection=True))

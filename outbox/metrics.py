@@ -1,7 +1,10 @@
 """Prometheus metrics of the outbox (docs/reference/metrics.md).
 
-``hardcount_outbox_delivery_attempts_total{outcome}`` counts attempt rows as the executor
-writes them, in the process that runs the executor. The backlog gauge
+``hardcount_outbox_delivery_attempts_total{outcome}`` counts attempt rows as the executor and
+the reaper write them, in the process that writes them. Under gunicorn it is kept in
+prometheus_client's multiprocess mode, so every worker serves the sum over all workers of the
+run; it is not counted from ``outbox_deliveryattempt`` because retention deletes those rows
+(docs/decisions/0126-metrics-one-truth-per-scrape.md). The backlog gauge
 (``hardcount_outbox_deliveries_due_backlog``) describes the database: :class:`OutboxMetrics`,
 the provider outbox registers with the kernel's collector (:func:`hardcount.metrics.register_metrics`,
 from ``OutboxConfig.ready()``), computes it at scrape time with :data:`DELIVERY_BACKLOG`
@@ -17,6 +20,11 @@ DELIVERY_ATTEMPTS = Counter(
     "Webhook delivery attempts recorded, by outcome (succeeded, failed, retryable, lease_lost, canceled).",
     ["outcome"],
 )
+# Every outcome's series exists from the start, at 0, so a rate over it has a first sample.
+# The outcomes of ``outbox.models.DeliveryAttempt.outcome``.
+OUTCOMES = ("succeeded", "failed", "retryable", "lease_lost", "canceled")
+for _outcome in OUTCOMES:
+    DELIVERY_ATTEMPTS.labels(outcome=_outcome)
 
 # Deliveries the executors could claim now (the claim predicate of docs/reference/webhooks.md), not yet claimed.
 DELIVERY_BACKLOG = """

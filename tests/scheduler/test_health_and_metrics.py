@@ -13,7 +13,7 @@ from hardcount.models import Tenant
 from hardcount.scheduler import Runtime
 from leases import services as leases
 from outbox.models import Delivery, Event, WebhookEndpoint
-from tests.leases.helpers import wait_until
+from tests.leases.helpers import expire, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -161,6 +161,8 @@ def test_metrics_expose_every_spec_metric_with_values_computed_from_the_rows(cli
     leases.acquire("billing", "elsewhere:1:aaaa", ttl_s=10)
     leases.complete_tick("billing", "elsewhere:1:aaaa", 1)
     set_stamp("billing", 42, tick=False)  # a drain page 42 s ago; the last completed tick is newer
+    leases.acquire("expired-role", "gone:1:cccc", ttl_s=10)
+    expire("expired-role")  # the holder is still written, but its lease ran out by the database's clock
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXTRACT(EPOCH FROM last_tick_at)::float8 FROM leases_leaderlease WHERE role = 'billing'")
         last_tick_epoch = cursor.fetchone()[0]
@@ -185,9 +187,16 @@ def test_metrics_expose_every_spec_metric_with_values_computed_from_the_rows(cli
 
     assert value("hardcount_scheduler_last_run_timestamp_seconds", role="billing") == pytest.approx(last_tick_epoch)
     assert value("hardcount_leader_last_tick_age_seconds", role="billing") == pytest.approx(42, abs=2)
+    # From the lease table, so the same whichever process is scraped: billing is held elsewhere.
     assert value("hardcount_leader_is_leader", role="local-role") == 1
-    assert value("hardcount_leader_is_leader", role="billing") == 0  # held by another process
-    assert value("hardcount_leader_is_leader", role="dunning") == 0
+    assert value("hardcount_leader_is_leader", role="billing") == 1
+    assert value("hardcount_leader_is_leader", role="dunning") == 0  # configured, never held
+    assert value("hardcount_leader_is_leader", role="expired-role") == 0
+    holders = {labels: v for (name, labels), v in m.items() if name == "hardcount_leader_holder"}
+    assert holders == {
+        (("holder", "elsewhere:1:aaaa"), ("role", "billing")): 1,
+        (("holder", runtime.holder), ("role", "local-role")): 1,
+    }
 
     assert value("hardcount_billing_due_subscriptions", mode="live") == 3
     assert value("hardcount_billing_due_subscriptions", mode="test") == 1
@@ -235,3 +244,49 @@ def test_clock_skew_is_the_app_clock_minus_the_database_clock(monkeypatch):
 
     monkeypatch.setattr(hardcount.metrics, "time", AheadClock)
     assert measure_clock_skew_s() == pytest.approx(100, abs=1)
+
+
+def test_a_database_error_drops_the_database_metrics_and_the_scrape_still_answers(client, monkeypatch):
+    from django.db import DatabaseError
+
+    import hardcount.metrics
+
+    class BrokenStore:
+        def lease_statuses(self):
+            raise DatabaseError("the database went away")
+
+    monkeypatch.setattr(hardcount.metrics, "lease_store", BrokenStore)
+    names = {name for name, _ in scrape(client)}
+    assert not {n for n in names if n.startswith("hardcount_leader_") or n.startswith("hardcount_billing_")}
+    assert "hardcount_outbox_delivery_attempts_total" in names  # a process counter: still there
+
+
+def write_worker_counter(directory, pid: int, outcome: str, value: float) -> None:
+    """What a gunicorn worker's counter leaves in the multiprocess directory (prometheus_client's file format)."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    from outbox.metrics import DELIVERY_ATTEMPTS
+
+    name = "hardcount_outbox_delivery_attempts"
+    worker_file = MmapedDict(str(directory / f"counter_{pid}.db"))
+    worker_file.write_value(
+        mmap_key(name, f"{name}_total", ["outcome"], [outcome], DELIVERY_ATTEMPTS._documentation), value, 0.0
+    )
+    worker_file.close()
+
+
+def test_in_multiprocess_mode_every_worker_serves_the_sum_of_all_workers_counters(client, monkeypatch, tmp_path):
+    import hardcount.metrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(hardcount.metrics, "_registry", None)  # built again, in multiprocess mode
+    write_worker_counter(tmp_path, 101, "succeeded", 12)
+    write_worker_counter(tmp_path, 102, "succeeded", 8)  # a second worker, or one that has exited
+    write_worker_counter(tmp_path, 102, "retryable", 3)
+    leases.acquire("billing", "elsewhere:1:aaaa", ttl_s=10)
+
+    m = scrape(client)
+    assert m[("hardcount_outbox_delivery_attempts_total", (("outcome", "succeeded"),))] == 20
+    assert m[("hardcount_outbox_delivery_attempts_total", (("outcome", "retryable"),))] == 3
+    assert m[("hardcount_leader_is_leader", (("role", "billing"),))] == 1  # the collector is served too
+    assert not any(name.startswith("process_") for name, _ in m)  # per-process collectors are left out

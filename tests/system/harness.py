@@ -109,15 +109,16 @@ class SchedulerProcess:
         self.process.send_signal(sig)
 
     def leadership(self) -> dict[str, float]:
-        """Role → ``hardcount_leader_is_leader`` as this replica's metrics port reports it now."""
+        """Role → 1 when this replica's metrics port names it the holder now (``hardcount_leader_holder``), else 0."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             text = response.read().decode()
-        return {
-            sample.labels["role"]: sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "hardcount_leader_is_leader"
-            for sample in family.samples
-        }
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        view = {sample.labels["role"]: 0.0 for sample in families["hardcount_leader_is_leader"].samples}
+        holders = families.get("hardcount_leader_holder")
+        for sample in holders.samples if holders else []:
+            if sample.value == 1 and sample.labels["holder"] == self.holder:
+                view[sample.labels["role"]] = 1.0
+        return view
 
     def stop(self, timeout_s: float = 15) -> int:
         """SIGTERM (SIGCONT first, in case it is stopped) and wait; SIGKILL if it does not exit."""
