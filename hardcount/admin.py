@@ -21,6 +21,7 @@ from __future__ import annotations
 from datetime import UTC
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.paginator import Paginator
@@ -35,7 +36,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from hardcount import idempotency
-from hardcount.models import ApiKey, IdempotencyRecord, Tenant
+from hardcount.models import ApiKey, IdempotencyRecord, RateLimit, RateLimitBucket, Tenant
 
 admin.site.site_header = "Hardcount operations"
 admin.site.site_title = "Hardcount"
@@ -318,6 +319,12 @@ class ApiKeyInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class RateLimitInline(ReadOnlyInline):
+    model = RateLimit
+    fields = ("bucket", "per_s", "burst", "updated_at")
+    verbose_name_plural = "rate limits of its own (manage.py ratelimit)"
+
+
 @admin.register(Tenant)
 class TenantAdmin(ReadOnlyAdmin):
     """Tenants; adding one issues its test and live keys (shown once), like ``manage.py createtenant``."""
@@ -325,7 +332,7 @@ class TenantAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "created_at")
     search_fields = ("id__exact", "name")
     form = TenantCreateForm
-    inlines = [ApiKeyInline]
+    inlines = [ApiKeyInline, RateLimitInline]
 
     def get_readonly_fields(self, request, obj=None):
         return () if obj is None else ("id", "created_at")
@@ -439,3 +446,31 @@ class IdempotencyRecordAdmin(ReadOnlyAdmin):
     @admin.display(description="response body")
     def stored_response(self, record: IdempotencyRecord) -> str:
         return format_html('<pre class="hc-json">{}</pre>', idempotency.display_body(record.response_body))
+
+
+# --- rate limits (hardcount.ratelimit, docs/decisions/0128-api-rate-limits.md) ---------------------------------------
+
+
+@admin.register(RateLimit)
+class RateLimitAdmin(ReadOnlyAdmin):
+    """Tenants' own limits, replacing the defaults for their keys; set with ``manage.py ratelimit``."""
+
+    list_display = ("tenant", "bucket", "per_s", "burst", "updated_at")
+    list_select_related = ("tenant",)
+    search_fields = ("tenant__id__exact",)
+    ordering = ("tenant_id", "bucket")
+
+
+@admin.register(RateLimitBucket)
+class RateLimitBucketAdmin(ReadOnlyAdmin):
+    """Each key's buckets as its last request left them; ``allowed`` off means that request was refused (429)."""
+
+    list_display = ("api_key", "bucket", "tokens_display", "allowed", "per_s", "burst", "updated_at")
+    list_filter = ("allowed", choices_filter("bucket", tuple(settings.HARDCOUNT_RATE_LIMITS), title="bucket"))
+    list_select_related = ("api_key",)
+    search_fields = ("api_key__id__exact",)
+    ordering = ("-updated_at",)
+
+    @admin.display(description="tokens left")
+    def tokens_display(self, bucket: RateLimitBucket) -> str:
+        return f"{bucket.tokens:.2f}"

@@ -91,3 +91,50 @@ class IdempotencyRecord(models.Model):
         ]
         # Retention pruning reads the oldest records first, a batch at a time (docs/decisions/0023).
         indexes = [models.Index(fields=["created_at"], name="idempotency_record_created")]
+
+
+class RateLimit(models.Model):
+    """A tenant's own limit for one bucket (``read``, ``write``, ``billing_run``), replacing the default.
+
+    Applies to each of the tenant's keys on its own: every key has its own bucket of this size
+    (:mod:`hardcount.ratelimit`, docs/decisions/0128-api-rate-limits.md).
+    """
+
+    # The unique (tenant, bucket) index serves look-ups by tenant: no index of its own.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="rate_limits", db_index=False)
+    bucket = models.CharField(max_length=32)
+    per_s = models.FloatField(help_text="Tokens added per second (requests per second sustained).")
+    burst = models.PositiveIntegerField(help_text="The bucket's size: requests allowed at once after a pause.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "bucket"], name="rate_limit_unique_bucket"),
+            models.CheckConstraint(condition=models.Q(per_s__gt=0), name="rate_limit_positive_rate"),
+            models.CheckConstraint(condition=models.Q(burst__gte=1), name="rate_limit_burst_at_least_one"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.bucket}: {self.per_s:g}/s, burst {self.burst}"
+
+
+class RateLimitBucket(models.Model):
+    """One API key's token bucket for one bucket name; written only by :func:`hardcount.ratelimit.take`.
+
+    ``tokens`` is what was left after the last request (at ``updated_at``, database time);
+    ``per_s``/``burst`` are the limits that request was measured against and ``allowed`` its
+    outcome. The table is UNLOGGED (migration 0004): losing it in a crash only refills every bucket.
+    """
+
+    # "<api key id>:<bucket>": a natural key, so the upsert draws no sequence value per request.
+    id = models.CharField(primary_key=True, max_length=80)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
+    bucket = models.CharField(max_length=32)
+    per_s = models.FloatField()
+    burst = models.FloatField()
+    tokens = models.FloatField()
+    allowed = models.BooleanField()
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.id
