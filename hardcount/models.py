@@ -1,4 +1,4 @@
-"""Tenants, API keys, idempotency records, and the tenant-scoped base every domain row uses."""
+"""Tenants, API keys, idempotency records, rate limits, the audit log, and the tenant-scoped base of domain rows."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import secrets
 
 from django.db import models
+from django.db.models.functions import Now
 
 from hardcount.ids import id_field
 
@@ -138,3 +139,60 @@ class RateLimitBucket(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class AuditLogEntry(models.Model):
+    """One operator action or credential change: who, when (database time), what, and from where. Append-only.
+
+    Written only through :func:`hardcount.audit.record`. PostgreSQL refuses every UPDATE and
+    DELETE of a row (a trigger, migration 0005); :meth:`save` of a stored entry and
+    :meth:`delete` raise before asking it. ``tenant_id`` and the actor are plain values, not
+    foreign keys: an entry outlives the user, key or tenant it names.
+    """
+
+    USER = "user"
+    API_KEY = "api_key"
+    CLI = "cli"
+    ACTOR_TYPES = [(USER, "user"), (API_KEY, "API key"), (CLI, "command line")]
+
+    id = models.BigAutoField(primary_key=True)
+    created_at = models.DateTimeField(db_default=Now())
+    actor_type = models.CharField(max_length=16, choices=ACTOR_TYPES)
+    # The user's id, the API key's id, or (for a command) the operating-system user.
+    actor_id = models.CharField(max_length=150)
+    # The username or the key's hint, as they were at the time.
+    actor_label = models.CharField(max_length=150, blank=True)
+    action = models.CharField(max_length=64)
+    # ``app_label.model_name`` (``billing.invoice``) and the object's primary key.
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=255, blank=True)
+    tenant_id = models.CharField(max_length=40, blank=True)
+    message = models.TextField(blank=True)
+    # The client's address as the server saw it (REMOTE_ADDR), or ``cli`` for a command.
+    remote_addr = models.CharField(max_length=64)
+
+    class Meta:
+        verbose_name = "audit log entry"
+        verbose_name_plural = "audit log"
+        indexes = [
+            models.Index(fields=["actor_type", "actor_id"], name="audit_log_actor"),
+            models.Index(fields=["object_type", "object_id"], name="audit_log_object"),
+            models.Index(fields=["action"], name="audit_log_action"),
+            models.Index(fields=["tenant_id"], name="audit_log_tenant"),
+            models.Index(fields=["created_at"], name="audit_log_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_type} {self.object_id}".strip()
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AuditLogImmutable("An audit log entry cannot be changed.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AuditLogImmutable("An audit log entry cannot be deleted.")
+
+
+class AuditLogImmutable(Exception):
+    """Raised by :class:`AuditLogEntry` on an attempt to change or delete a stored entry."""

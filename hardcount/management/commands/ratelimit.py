@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
+from hardcount import audit
 from hardcount.models import RateLimit, Tenant
 
 
@@ -34,11 +36,30 @@ class Command(BaseCommand):
         elif default:
             if per_s is not None or burst is not None:
                 raise CommandError("--default takes neither --per-s nor --burst.")
-            RateLimit.objects.filter(tenant=row, bucket=bucket).delete()
+            with transaction.atomic():
+                if RateLimit.objects.filter(tenant=row, bucket=bucket).delete()[0]:
+                    audit.record(
+                        audit.RATE_LIMIT_CLEARED,
+                        object_type=RateLimit._meta.label_lower,
+                        object_id=f"{row.pk}:{bucket}",
+                        tenant_id=row.pk,
+                        actor=audit.Actor.cli(),
+                        message=f"{bucket}: back to the default.",
+                    )
         else:
             if per_s is None or burst is None or not per_s > 0 or burst < 1:
                 raise CommandError("Give --per-s (> 0) and --burst (>= 1), or --default.")
-            RateLimit.objects.update_or_create(tenant=row, bucket=bucket, defaults={"per_s": per_s, "burst": burst})
+            with transaction.atomic():
+                limit, _ = RateLimit.objects.update_or_create(
+                    tenant=row, bucket=bucket, defaults={"per_s": per_s, "burst": burst}
+                )
+                audit.record(
+                    audit.RATE_LIMIT_SET,
+                    obj=limit,
+                    object_id=f"{row.pk}:{bucket}",  # as when cleared: the tenant's bucket, whatever its row
+                    actor=audit.Actor.cli(),
+                    message=str(limit),
+                )
         self._show(row)
 
     def _show(self, tenant: Tenant) -> None:
