@@ -4,7 +4,7 @@ Every authenticated /v1 request takes one token from its key's bucket before the
 (:meth:`hardcount.api.ApiView.initial`, after authentication, before the idempotency step). A
 bucket holds at most ``burst`` tokens and refills at ``per_s`` tokens a second; with no token
 left the request is answered 429 ``rate_limited`` (type ``rate_limit_error``) with
-``Retry-After`` and nothing else is written. GET and HEAD take from ``read``, other methods from
+``Retry-After`` and nothing else is written. GET, HEAD and OPTIONS take from ``read``, other methods from
 ``write``, and the routes of ``HARDCOUNT_RATE_LIMIT_ROUTES`` from their own bucket
 (``POST /v1/billing/run``: ``billing_run``). Limits are ``HARDCOUNT_RATE_LIMITS`` unless the
 key's tenant has a :class:`~hardcount.models.RateLimit` row for the bucket.

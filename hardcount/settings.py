@@ -222,7 +222,7 @@ HARDCOUNT_MAX_HEADERS = _env_int("HARDCOUNT_MAX_HEADERS", 100)
 # API rate limits per key (hardcount.ratelimit, docs/decisions/0128-api-rate-limits.md): one token bucket per
 # key and bucket name in PostgreSQL, shared by every worker and replica. A bucket holds at most ``burst``
 # tokens and refills at ``per_s`` tokens a second; each request takes one or is answered 429 with
-# Retry-After. GET and HEAD are reads, other methods writes; a route of HARDCOUNT_RATE_LIMIT_ROUTES
+# Retry-After. GET, HEAD and OPTIONS are reads, other methods writes; a route of HARDCOUNT_RATE_LIMIT_ROUTES
 # ("METHOD /path" as routed) takes from its own bucket instead. A tenant's RateLimit rows
 # replace these defaults for its keys (manage.py ratelimit). HARDCOUNT_RATE_LIMIT=0 turns limiting off.
 HARDCOUNT_RATE_LIMIT = _env_bool("HARDCOUNT_RATE_LIMIT", True)
