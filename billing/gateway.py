@@ -250,8 +250,8 @@ class Gateway:
         without a ``last_payment_error``) is a final ``error``, as is finding none: both answered
         with ``http_status`` 200, so the next try takes a new attempt (and, with no PaymentIntent,
         a new create key). Several found: a succeeded one wins, then a processing one, then the
-        newest. A lookup that gets no answer is ``unknown`` and one refused is ``error``, as for
-        :meth:`charge`: the next try looks up again.
+        newest. A lookup that gets no answer, or an error, proves nothing: ``unknown`` (with the
+        error's ``http_status``), so the attempt stays open and the next try looks up again.
         """
         result = ChargeResult(outcome=ERROR, gateway_customer_id=req.gateway_customer_id)
         try:
@@ -269,12 +269,9 @@ class Gateway:
                     if found and not result.gateway_customer_id:
                         result.gateway_customer_id = customer
                     intents.extend(found)
-        except stripe.APIConnectionError as exc:
-            result.outcome = UNKNOWN
-            result.error_message = f"lookup, connection: {exc.user_message or exc}"
-            result.payment_intent_id = req.payment_intent_id
-            return result
         except stripe.StripeError as exc:
+            # Even a final-looking 4xx: only a lookup that answered may let a new PaymentIntent be created.
+            result.outcome = UNKNOWN
             result.http_status = exc.http_status
             result.error_message = f"lookup, {type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
             result.payment_intent_id = req.payment_intent_id

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import stripe
 from django.db.models import F
 
 from billing import gateway as gw
@@ -137,6 +138,31 @@ def test_negative_control_a_lookup_that_finds_nothing_lets_a_second_payment_inte
     assert invoice.status == "paid"
     assert len(_intents_at_gateway(stripe_client, invoice)) == 2
     assert _creates(stripe_proxy)[-1].request.idempotency_key == f"{gw.create_key(invoice.id)}:2"
+
+
+def test_a_lookup_the_gateway_refuses_proves_nothing_and_is_tried_again(
+    book, tenant, stripe_proxy, stripe_client, monkeypatch
+):
+    _sub, invoice = _charged_then_lost(book, tenant, stripe_proxy)
+    _past_the_window(stripe_proxy, invoice)
+
+    def refuse(self, *args, **kwargs):
+        raise stripe.InvalidRequestError("Unexpected customer", param="customer", http_status=400)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gw.Gateway, "find_invoice_payment_intents", refuse)
+        reconcile(livemode=False)
+    attempt = PaymentAttempt.objects.get(invoice=invoice)
+    assert (attempt.outcome, attempt.http_status) == ("unknown", 400)  # still open: no new key for it
+    age_payment_attempts(invoice=invoice)
+
+    reconcile(livemode=False)
+
+    invoice.refresh_from_db()
+    assert invoice.status == "paid"
+    assert PaymentAttempt.objects.filter(invoice=invoice).count() == 1
+    assert len(_intents_at_gateway(stripe_client, invoice)) == 1
+    assert [e.action for e in _creates(stripe_proxy)] == ["reset"]
 
 
 def test_an_attempt_that_never_reached_the_gateway_is_created_anew_once_the_lookup_finds_none(
@@ -387,3 +413,24 @@ def test_the_lookup_lists_every_page_of_the_customers_payment_intents(stripe_pro
     assert [i.id for i in gateway.find_invoice_payment_intents(customer.id, "in_lookup_a", page_size=1)] == [ours[0].id]
     assert [i.id for i in gateway.find_invoice_payment_intents(customer.id, "in_lookup_b", page_size=1)] == [ours[1].id]
     assert gateway.find_invoice_payment_intents(customer.id, "in_lookup_z", page_size=1) == []
+
+
+def test_an_expired_key_runs_again_and_stays_expired_across_a_restart(localstripe_base, tmp_path):
+    from devstack.strict_stripe import StrictStripe
+
+    path = tmp_path / "idempotency.jsonl"
+    client = lambda proxy: stripe.StripeClient("sk_test_x", base_addresses={"api": proxy.api_base})  # noqa: E731
+    proxy = StrictStripe(localstripe_base, store_path=path).start()
+    try:
+        first = client(proxy).v1.customers.create(params={"email": "ttl@example.com"}, options={"idempotency_key": "k"})
+        assert proxy.expire_key("k") and not proxy.expire_key("k")
+        assert "k" not in proxy.stored_keys()
+    finally:
+        proxy.stop()
+    proxy = StrictStripe(localstripe_base, store_path=path).start()
+    try:
+        assert "k" not in proxy.stored_keys()
+        again = client(proxy).v1.customers.create(params={"email": "ttl@example.com"}, options={"idempotency_key": "k"})
+    finally:
+        proxy.stop()
+    assert again.id != first.id  # run again, as at Stripe once a key is pruned
