@@ -5,7 +5,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     # first_sent_at is added without a default first, so the rows already there keep NULL ("sent at an
     # unknown time": looked up, never re-sent, docs/decisions/0129-idempotency-keys-expire.md); only rows
-    # inserted from now on take the database's now().
+    # inserted from now on take the database's clock.
     dependencies = [
         ("billing", "0003_admin_filter_indexes"),
     ]

@@ -18,7 +18,7 @@ class PaymentAttempt(TenantScoped):
     by retrieving the PaymentIntent) or ``error`` (the gateway refused or failed).
     ``settled_without_charge`` marks zero-amount and below-minimum invoices settled
     without a call. ``first_sent_at`` is when the attempt's key was first sent (the
-    reservation's ``now()``; null for attempts reserved before it was recorded) and
+    database's clock at the reservation's INSERT; null for attempts reserved before it was recorded) and
     ``payment_intent_status`` the status its PaymentIntent last answered: together they
     decide whether an open attempt may be re-sent under its key or must be looked up
     (docs/reference/billing.md#idempotency-keys-expire).
