@@ -10,7 +10,8 @@ invoice it follows (docs/decisions/0120).
   finalised) to the customer's *current* default payment method through the three steps of
   :mod:`billing.services.payments`: a new attempt confirms the invoice's PaymentIntent under its
   own key ``hc:{invoice}:attempt:{n}``, or an attempt whose outcome is still unresolved is
-  re-sent under its own key (docs/reference/billing.md). A decline continues the invoice's
+  re-sent under its own key, or looked up once that key may have expired
+  (docs/reference/billing.md#idempotency-keys-expire). A decline continues the invoice's
   dunning run (``dunning.services.start_dunning``), a success ends it as recovered, a gateway
   failure puts it off (``dunning.services.retry_failed_locked``).
 - :func:`mark_uncollectible` settles an invoice whose retries are exhausted: ``uncollectible``,
@@ -90,7 +91,7 @@ def retry_invoice_payment(
     is told why in the same transaction, when the invoice is not open (``NOT_OPEN``: the run
     ends), its subscription is canceled (``SUBSCRIPTION_CANCELED``: the run ends), or an attempt
     is in flight (``IN_FLIGHT``, an ``unknown`` attempt younger than the in-flight window: the
-    run is put off by that window; an older one is re-sent under its own key). Never raises for
+    run is put off by that window; an older one is re-sent under its own key, or looked up). Never raises for
     a gateway failure (that is an ``error`` or ``unknown`` outcome); raises
     :class:`~hardcount.fencing.LeaseLost` when the fence refuses a write.
     """

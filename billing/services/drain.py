@@ -39,10 +39,10 @@ from billing.services.payments import (
     billing_time,
     in_flight_window,
     is_current_period,
+    is_open,
     needs_no_charge,
     record_outcome,
     reserve_attempt_locked,
-    reuses_key,
     send,
     settle_without_charge_locked,
 )
@@ -410,10 +410,12 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
     1. Draft invoices with ``tax_status=pending``: finalise and charge them once the tax
        provider answers (the pass stops at the first one it still cannot tax).
     2. Open invoices whose latest attempt is ``unknown`` (a timeout, a reset, a process that
-       died between charge and record) and older than the in-flight window: re-send it under
-       the same key and record what the gateway says. Transient errors on invoices whose period
-       has already advanced are re-sent the same way; those of a subscription still on that
-       period are left to the retry ladder.
+       died between charge and record, a PaymentIntent processing) and older than the in-flight
+       window: re-send it under the same key, or look its PaymentIntent up when it is processing
+       or its key may have expired (:func:`billing.services.payments.must_look_up`), and record
+       what the gateway says. Transient errors on invoices whose period has already advanced are
+       resolved the same way; those of a subscription still on that period are left to the retry
+       ladder.
 
     At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
     ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
@@ -492,7 +494,7 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
 
 
 def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
-    """Re-send an unresolved attempt under its key; True resolved, False still unresolved, None skipped."""
+    """Re-send an unresolved attempt under its key, or look it up; True resolved, False unresolved, None skipped."""
     with transaction.atomic():
         fence.check()
         sub, invoice = subscription_and_invoice_locked(
@@ -501,7 +503,7 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         if invoice is None or invoice.status != Invoice.OPEN:
             return None
         latest = invoice.payment_attempts.order_by("-attempt_number").first()
-        if latest is None or latest.pk != attempt.pk or not reuses_key(latest):
+        if latest is None or latest.pk != attempt.pk or not is_open(latest):
             return None
         if latest.outcome == PaymentAttempt.ERROR and sub is not None and is_current_period(sub, invoice):
             return None  # the retry ladder owns it

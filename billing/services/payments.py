@@ -8,8 +8,10 @@ The same three steps serve the drain's close (:mod:`billing.services.close`), th
    :class:`~billing.models.PaymentAttempt` row *before* the call, with outcome ``unknown``. A
    process that dies during the call leaves that row behind, so the next try re-sends the same
    request under the same key (Stripe replays the answer) and never creates a second
-   PaymentIntent.
-2. :func:`send`: the gateway call, outside any transaction.
+   PaymentIntent; once that key may have expired at the gateway, or when the PaymentIntent is
+   processing, the next try looks the PaymentIntent up instead (:func:`must_look_up`).
+2. :func:`send`: the gateway call, outside any transaction: the request, or, for an open
+   attempt that may no longer be re-sent (:func:`must_look_up`), a lookup of its PaymentIntent.
 3. :func:`record_outcome`: one transaction that records the answer on the attempt and acts on
    it (invoice paid; period advanced; ``past_due`` and dunning on a decline; the retry ladder
    on a failure), with every event.
@@ -21,7 +23,7 @@ declined, a final error) is never overwritten by a later indefinite one.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -63,13 +65,51 @@ def in_flight_window() -> timedelta:
     return timedelta(seconds=5 * float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
 
 
-def reuses_key(attempt: PaymentAttempt) -> bool:
-    """True when the next try of the invoice re-sends ``attempt`` under its own key."""
+def is_open(attempt: PaymentAttempt) -> bool:
+    """True when ``attempt`` has no definite outcome: ``unknown``, or a transient ``error``, of a call made
+    under a key. The next try of the invoice resolves it (re-sent under its key, or looked up) rather
+    than taking a new attempt."""
     if attempt.settled_without_charge or not attempt.idempotency_key:
         return False
     if attempt.outcome == PaymentAttempt.UNKNOWN:
         return True
     return attempt.outcome == PaymentAttempt.ERROR and gw.is_transient_status(attempt.http_status)
+
+
+DEFAULT_KEY_SAFE_WINDOW_S = 23 * 3600.0
+
+
+def key_safe_window() -> timedelta:
+    """How long after its first send an attempt may still be re-sent under its key.
+
+    ``HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S``, default 23 hours: Stripe keeps a key for at
+    least 24 hours (https://docs.stripe.com/api/idempotent_requests), and the hour left over
+    covers the re-send itself (at most :func:`in_flight_window`) and the clocks' skew. It must
+    stay below 24 hours.
+    """
+    return timedelta(
+        seconds=float(getattr(settings, "HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", DEFAULT_KEY_SAFE_WINDOW_S))
+    )
+
+
+def must_look_up(attempt: PaymentAttempt, *, now: datetime) -> bool:
+    """True when the open ``attempt`` is resolved only by looking its PaymentIntent up, never re-sent.
+
+    Either its PaymentIntent answered ``processing`` (a same-key re-send would replay that answer
+    for as long as the key lives, then create a second PaymentIntent), or its key may have expired
+    at the gateway: first sent more than :func:`key_safe_window` before ``now`` (the DB's now()),
+    or at a time not recorded. docs/decisions/0129-idempotency-keys-expire.md.
+    """
+    if attempt.payment_intent_status == gw.PROCESSING:
+        return True
+    first_sent_at = attempt.first_sent_at
+    return not isinstance(first_sent_at, datetime) or first_sent_at <= now - key_safe_window()
+
+
+def reuses_key(attempt: PaymentAttempt, *, now: datetime) -> bool:
+    """True when the next try of the invoice re-sends ``attempt`` under its own key: it is open
+    (:func:`is_open`) and its key is still safe to use (not :func:`must_look_up`)."""
+    return is_open(attempt) and not must_look_up(attempt, now=now)
 
 
 @dataclass
@@ -81,6 +121,8 @@ class ChargePlan:
     subscription_id: str | None
     request: gw.ChargeRequest | None
     known_result: gw.ChargeResult | None = None
+    # Step 2 looks the request's PaymentIntent up instead of sending it (must_look_up).
+    look_up: bool = False
 
 
 class OutcomeKind(StrEnum):
@@ -142,8 +184,10 @@ def reserve_attempt_locked(
     """Reserve the next payment attempt of an ``open`` invoice (invoice and customer locked by the caller).
 
     If the latest attempt is still open (``unknown``, or a transient error) it is re-sent under
-    its own key and body: raises :class:`PaymentInFlight` when it is ``unknown`` and younger
-    than :func:`in_flight_window` (someone is sending it right now). Otherwise a new attempt:
+    its own key and body, or, when :func:`must_look_up` (its PaymentIntent is processing, or its
+    key may have expired), looked up instead (``plan.look_up``): raises :class:`PaymentInFlight`
+    when it is ``unknown`` and younger than :func:`in_flight_window` (someone is sending it right
+    now). Otherwise a new attempt:
     number n+1, key ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
     ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
     ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:
@@ -151,13 +195,18 @@ def reserve_attempt_locked(
     the invoice in this transaction, so it has no attempt yet (saves a query).
     """
     latest = None if first_attempt else invoice.payment_attempts.order_by("-attempt_number").first()
-    if latest is not None and reuses_key(latest):
+    if latest is not None and is_open(latest):
         if latest.outcome == PaymentAttempt.UNKNOWN and latest.started_at > now - in_flight_window():
             raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
+        look_up = must_look_up(latest, now=now)
         latest.outcome = PaymentAttempt.UNKNOWN
         latest.started_at = now
         latest.save(update_fields=["outcome", "started_at"])
-        return ChargePlan(latest.id, invoice.id, invoice.subscription_id, _request(invoice, customer, latest))
+        request = _request(invoice, customer, latest)
+        if look_up:
+            # The PaymentIntent the attempt made, when it is known (a confirmation's, or a create's that answered).
+            request = replace(request, payment_intent_id=latest.payment_intent_id or invoice.payment_intent_id)
+        return ChargePlan(latest.id, invoice.id, invoice.subscription_id, request, look_up=look_up)
 
     attempt = new_attempt(invoice, customer, number=(latest.attempt_number if latest else 0) + 1, now=now)
     attempt.save(force_insert=True)
@@ -277,12 +326,15 @@ def needs_no_charge(invoice: Invoice) -> bool:
 
 
 def send(plan: ChargePlan) -> gw.ChargeResult:
-    """Step 2: the gateway call for ``plan`` (no transaction open). Never raises for gateway trouble;
-    an unexpected exception in the call is an ``error`` outcome (a failure of the close)."""
+    """Step 2: the gateway call for ``plan`` (no transaction open): the charge, or the lookup when
+    ``plan.look_up``. Never raises for gateway trouble; an unexpected exception in the call is an
+    ``error`` outcome (a failure of the close)."""
     if plan.known_result is not None:
         return plan.known_result
     assert plan.request is not None
     try:
+        if plan.look_up:
+            return gw.get_gateway().look_up(plan.request)
         return gw.get_gateway().charge(plan.request)
     except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
         log.exception("gateway call for %s raised", plan.invoice_id)
@@ -450,7 +502,7 @@ def record_outcome(
         if customer_fields:
             customer.save(update_fields=customer_fields)
 
-        if attempt.outcome != PaymentAttempt.UNKNOWN and not reuses_key(attempt):
+        if attempt.outcome != PaymentAttempt.UNKNOWN and not is_open(attempt):
             # Someone recorded a definite outcome first (a racing same-key re-send): theirs stands
             # and they acted on it.
             outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=f"attempt already recorded as {attempt.outcome}")
@@ -521,17 +573,27 @@ def note_gateway_ids(customer: Customer, attempt: PaymentAttempt, result: gw.Cha
     return fields
 
 
-ATTEMPT_RESULT_FIELDS = ("outcome", "decline_code", "error_message", "http_status", "completed_at", "payment_intent_id")
+ATTEMPT_RESULT_FIELDS = (
+    "outcome",
+    "decline_code",
+    "error_message",
+    "http_status",
+    "completed_at",
+    "payment_intent_id",
+    "payment_intent_status",
+)
 
 
 def apply_result(attempt: PaymentAttempt, result: gw.ChargeResult, *, completed_at: datetime) -> None:
     """Write the gateway's answer on the attempt in memory (:data:`ATTEMPT_RESULT_FIELDS`); texts are truncated
-    to their columns, and a PaymentIntent id the answer lacks keeps the attempt's own."""
+    to their columns, and a PaymentIntent id or status the answer lacks keeps the attempt's own."""
     attempt.outcome = result.outcome
     attempt.decline_code = result.decline_code[:100]
     attempt.error_message = result.error_message[:2000]
     attempt.http_status = result.http_status
     attempt.completed_at = completed_at
+    if result.payment_intent_status:
+        attempt.payment_intent_status = result.payment_intent_status
     if result.payment_intent_id:
         attempt.payment_intent_id = result.payment_intent_id
 
