@@ -283,6 +283,11 @@ SPECTACULAR_SETTINGS = {
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_hardcount_localstripe")
 STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
 HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
+# Past this long after a payment attempt's key was first sent, the attempt is resolved by looking
+# its PaymentIntent up, never by a re-send: Stripe forgets a key after 24 h (decision 0129).
+HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S = _env_float("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", 23 * 3600)
+if not 0 < HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S < 24 * 3600:
+    raise ImproperlyConfigured("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S must lie between 0 and 86400 (Stripe's 24 h)")
 
 # Billing.
 HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)

@@ -76,9 +76,6 @@ def is_open(attempt: PaymentAttempt) -> bool:
     return attempt.outcome == PaymentAttempt.ERROR and gw.is_transient_status(attempt.http_status)
 
 
-DEFAULT_KEY_SAFE_WINDOW_S = 23 * 3600.0
-
-
 def key_safe_window() -> timedelta:
     """How long after its first send an attempt may still be re-sent under its key.
 
@@ -87,9 +84,7 @@ def key_safe_window() -> timedelta:
     covers the re-send itself (at most :func:`in_flight_window`) and the clocks' skew. It must
     stay below 24 hours.
     """
-    return timedelta(
-        seconds=float(getattr(settings, "HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", DEFAULT_KEY_SAFE_WINDOW_S))
-    )
+    return timedelta(seconds=float(settings.HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S))
 
 
 def must_look_up(attempt: PaymentAttempt, *, now: datetime) -> bool:
