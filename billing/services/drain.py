@@ -36,7 +36,9 @@ from billing.services.payments import (
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
+    attempt_time,
     billing_time,
+    charging,
     in_flight_window,
     is_current_period,
     needs_no_charge,
@@ -150,9 +152,9 @@ def drain_due(
             attempted.update(subscription_id for subscription_id, _ in page)
             run.pages += 1
             lease_lost = None
-            for result in _close_page(
-                page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
-            ):
+            with charging():
+                results = _close_page(page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+            for result in results:
                 if isinstance(result, _Abandoned | LeaseLost):
                     lease_lost = result
                     continue
@@ -222,7 +224,9 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
             run.finished_at = database_now()
             run.save()
             if run.tenant_id:
-                billing_run_event(run, "billing_run.completed", created_at=run.finished_at)
+                # A test clock's run is one of the clock's objects: its event is dated by the clock.
+                created_at = run.as_of if run.test_clock_id else run.finished_at
+                billing_run_event(run, "billing_run.completed", created_at=created_at)
     except LeaseLost:
         raise
     except DatabaseError:
@@ -410,8 +414,9 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
     1. Draft invoices with ``tax_status=pending``: finalise and charge them once the tax
        provider answers (the pass stops at the first one it still cannot tax).
     2. Open invoices whose latest attempt is ``unknown`` (a timeout, a reset, a process that
-       died between charge and record) and older than the in-flight window: re-send it under
-       the same key and record what the gateway says. Transient errors on invoices whose period
+       died between charge and record) and older than the in-flight window (on a test clock:
+       whose charge lock nobody holds): re-send it under the same key and record what the
+       gateway says. Transient errors on invoices whose period
        has already advanced are re-sent the same way; those of a subscription still on that
        period are left to the retry ladder.
 
@@ -440,11 +445,14 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
         Q(http_status__isnull=True) | Q(http_status__in=[409, 429]) | Q(http_status__gte=500)
     )
     ladder_owned = Q(outcome=PaymentAttempt.ERROR, invoice__period_start=F("invoice__subscription__next_billing_at"))
+    # A test clock's attempt is dated by the clock, not the wall clock: whether it is still in
+    # flight is its charge lock's to say (the reservation below skips one that is).
+    sent_before_cutoff = Q(started_at__lt=cutoff) | Q(invoice__customer__test_clock__isnull=False)
     candidates = (
         PaymentAttempt.objects.filter(
+            sent_before_cutoff,
             Q(outcome=PaymentAttempt.UNKNOWN) | transient_error,
             livemode=livemode,
-            started_at__lt=cutoff,
             invoice__status=Invoice.OPEN,
             settled_without_charge=False,
         )
@@ -465,6 +473,11 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
 
 def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
     """``finalized`` (and charged), ``pending`` (provider still down) or ``skipped``."""
+    with charging():
+        return _reconcile_tax_charging(invoice_id, fence)
+
+
+def _reconcile_tax_charging(invoice_id: str, fence: Fence) -> str:
     with transaction.atomic():
         fence.check()
         invoice = Invoice.objects.filter(pk=invoice_id).only("subscription_id").first()
@@ -475,7 +488,8 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
         )
         if invoice is None or invoice.status != Invoice.DRAFT or invoice.tax_status != Invoice.TAX_PENDING:
             return "skipped"
-        now = billing_time(sub.test_clock_id if sub else None)
+        clock_id = sub.test_clock_id if sub else None
+        now = billing_time(clock_id)
         if not finalize_or_pend_locked(invoice, now=now):
             return "pending"
         customer = customer_locked(invoice.customer_id)
@@ -483,7 +497,7 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
             return "finalized"
-        plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        plan = reserve_attempt_locked(invoice, customer, now=attempt_time(now, test_clock_id=clock_id, as_of=None))
         if plan.known_result is not None:
             record_outcome(plan, plan.known_result, fence=fence)
             return "finalized"
@@ -493,6 +507,11 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
 
 def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
     """Re-send an unresolved attempt under its key; True resolved, False still unresolved, None skipped."""
+    with charging():
+        return _reconcile_payment_charging(attempt, fence)
+
+
+def _reconcile_payment_charging(attempt: PaymentAttempt, fence: Fence) -> bool | None:
     with transaction.atomic():
         fence.check()
         sub, invoice = subscription_and_invoice_locked(
@@ -506,8 +525,9 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         if latest.outcome == PaymentAttempt.ERROR and sub is not None and is_current_period(sub, invoice):
             return None  # the retry ladder owns it
         customer = customer_locked(invoice.customer_id)
+        now = attempt_time(billing_time(customer.test_clock_id), test_clock_id=customer.test_clock_id, as_of=None)
         try:
-            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+            plan = reserve_attempt_locked(invoice, customer, now=now)
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)

@@ -115,6 +115,13 @@ def make_card(stripe_client):
 T0 = datetime(2027, 1, 1, tzinfo=UTC)
 
 
+def _clock_time(test_clock_id: str | None) -> datetime | None:
+    """The clock's time for the event of an object on ``test_clock_id`` (as the services date it), else None."""
+    from billing.models import TestClock
+
+    return TestClock.objects.get(pk=test_clock_id).frozen_time if test_clock_id else None
+
+
 class Book:
     """Builds a tenant's customers, prices and subscriptions straight in the database.
 
@@ -147,7 +154,13 @@ class Book:
                 currency=currency,
                 test_clock=clock,
             )
-            emit_event(tenant_id=tenant.id, livemode=livemode, type="customer.created", data=customer_data(customer))
+            emit_event(
+                tenant_id=tenant.id,
+                livemode=livemode,
+                type="customer.created",
+                data=customer_data(customer),
+                created_at=_clock_time(customer.test_clock_id),
+            )
         return customer
 
     def price(self, tenant, *, amount: int = 1000, currency: str = "usd", interval: str = "month", livemode=False):
@@ -183,6 +196,7 @@ class Book:
                 livemode=sub.livemode,
                 type="subscription.created",
                 data=subscription_data(sub),
+                created_at=_clock_time(sub.test_clock_id),
             )
         return sub
 
