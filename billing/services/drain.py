@@ -22,7 +22,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 
 from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
@@ -78,6 +78,7 @@ def drain_due(
     concurrency: int | None = None,
     fence: Fence = NO_FENCE,
     on_page: Callable[[BillingRun], None] | None = None,
+    run: BillingRun | None = None,
 ) -> BillingRun:
     """Bill every due subscription of one mode (optionally one tenant, or one test clock) and return the run.
 
@@ -86,7 +87,11 @@ def drain_due(
     unless ``as_of`` is given), and wall-clock drains never touch clock subscriptions.
     ``fence.alive()`` is consulted before each page and each subscription (safe points), and
     ``fence.check()`` runs inside every write transaction. ``on_page(run)`` is called after each
-    page with the counts so far (the liveness stamp). Returns the :class:`BillingRun`
+    page with the counts so far (the liveness stamp). ``run``: a ``running`` run to carry on
+    instead of starting one (a manual run in the background, :mod:`billing.services.manual_runs`):
+    it takes ``fence``'s token, its counts are recounted from its billing attempts, and the
+    subscriptions it attempted already are not attempted again; one that is no longer
+    ``running`` is returned as it is. Returns the :class:`BillingRun`
     (``completed``, or ``failed`` with ``error`` when a database error ended it). Raises
     :class:`LeaseLost` when the lease is lost: the run then stops writing at once and stays as
     it was last written.
@@ -98,15 +103,27 @@ def drain_due(
     if test_clock_id and as_of is None:
         as_of = TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
 
-    run = _start_run(
-        livemode=livemode, trigger=trigger, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
-    )
     # SQL exclude list: attempted subscriptions still due after their attempt
     # (docs/reference/billing.md#exclude-list). Every
     # attempted id is also remembered here, so one that becomes due again later in the run (its
     # next period starts meanwhile) is excluded when a claim returns it, not closed twice.
     exclude: list[str] = []
     attempted: set[str] = set()
+    if run is None:
+        run = _start_run(
+            livemode=livemode,
+            trigger=trigger,
+            tenant_id=tenant_id,
+            test_clock_id=test_clock_id,
+            as_of=as_of,
+            fence=fence,
+        )
+    else:
+        carried_on = _carry_on(run, fence=fence, as_of=as_of)
+        if carried_on is None:
+            return BillingRun.objects.get(pk=run.pk)
+        attempted.update(carried_on[0])
+        exclude.extend(carried_on[1])
 
     def close(item: tuple[str, int]) -> Outcome:
         if not fence.alive():
@@ -205,6 +222,31 @@ def _start_run(
             started_at=now,
             lease_token=fence.token,
         )
+
+
+def _carry_on(run: BillingRun, *, fence: Fence, as_of: datetime | None) -> tuple[list[str], list[str]] | None:
+    """Take over a ``running`` run under ``fence`` (its token and its counts so far, from its billing attempts).
+
+    Returns the subscriptions the run attempted already and those of them still due (its exclude
+    list so far), or None when the run is no longer ``running``. ``run`` is updated in memory.
+    """
+    with transaction.atomic():
+        fence.check()
+        current = BillingRun.objects.select_for_update().filter(pk=run.pk, status=BillingRun.Status.RUNNING).first()
+        if current is None:
+            return None
+        counts = current.attempts.aggregate(
+            attempted=Count("id"),
+            billed=Count("id", filter=Q(outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
+            failed=Count("id", filter=Q(outcome=BillingAttempt.Outcome.FAILED)),
+        )
+        run.attempted, run.billed, run.failed = counts["attempted"], counts["billed"], counts["failed"]
+        run.pages, run.lease_token = current.pages, fence.token
+        BillingRun.objects.filter(pk=run.pk).update(
+            attempted=run.attempted, billed=run.billed, failed=run.failed, lease_token=run.lease_token
+        )
+        attempted = list(current.attempts.values_list("subscription_id", flat=True).distinct())
+        return attempted, still_due(attempted, as_of=as_of)
 
 
 def _save_counts(run: BillingRun, fence: Fence) -> None:

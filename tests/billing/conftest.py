@@ -212,14 +212,23 @@ class Book:
 @pytest.fixture
 def book(request, transactional_db, stripe_proxy, make_card):
     """The book builder. After the test, the money-invariant sweep (``doctor``) must find nothing
-    wrong in what the test left behind (opt out with the ``no_doctor`` fixture)."""
+    wrong in what the test left behind (opt out with the ``no_doctor`` fixture). A manual run's drain thread may
+    not outlive its test: it is waited for first (the next test flushes the tables under it)."""
     yield Book(make_card)
+    wait_for_manual_runs()
     if "no_doctor" in request.fixturenames:
         return
     from ops.doctor import run_checks
 
     failures = [(r.name, r.examples) for r in run_checks() if r.status not in ("ok", "not checked")]
     assert failures == [], failures
+
+
+def wait_for_manual_runs() -> None:
+    """Wait until this process's manual-run drains have ended."""
+    from billing.services.manual_runs import wait_for_manual_runs as wait
+
+    assert wait(timeout_s=120), "a manual billing run did not finish"
 
 
 @pytest.fixture
