@@ -68,7 +68,7 @@ from billing.services.payments import (
     note_gateway_ids,
     paid_changes,
     plan_for,
-    take_charge_lock,
+    take_charge_locks,
 )
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
@@ -112,7 +112,7 @@ def prepare_page(
     ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
     their invoice finalised and their first attempt reserved, committed; ``others`` (in page
     order) were left untouched for the per-close path. On a test clock the charge lock of each
-    prepared invoice is taken on this session (:func:`~billing.services.payments.take_charge_lock`):
+    prepared invoice is taken on this session (:func:`~billing.services.payments.take_charge_locks`):
     call this inside :func:`~billing.services.payments.charging`. Raises the database's error
     (nothing of the batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the
     fence refuses.
@@ -158,12 +158,14 @@ def prepare_page(
             emit_for(invoice, "invoice.created", created, created_at=now)
             invoice_event(invoice, "invoice.finalized", lines=[line], created_at=now)
             attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
-            if test_clock_id and not take_charge_lock(invoice.id):
-                raise RuntimeError(f"the charge lock of new invoice {invoice.id} is held elsewhere")
             invoices.append(invoice)
             lines.append(line)
             attempts.append(attempt)
             prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), [line]))
+        if test_clock_id:
+            held = take_charge_locks([invoice.id for invoice in invoices])
+            if held:  # fresh ids: only a hash collision with another invoice's charge
+                raise RuntimeError(f"the charge locks of new invoices {held} are held elsewhere")
         insert_models(Invoice, invoices)
         insert_models(InvoiceLineItem, lines)
         insert_models(PaymentAttempt, attempts)

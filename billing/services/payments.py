@@ -194,6 +194,21 @@ def take_charge_lock(invoice_id: str) -> bool:
     return taken
 
 
+def take_charge_locks(invoice_ids: list[str]) -> list[str]:
+    """:func:`take_charge_lock` for each of ``invoice_ids`` in one statement; the ids another session holds."""
+    if not invoice_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.id, pg_try_advisory_lock(hashtextextended('hardcount.charge:' || i.id, 0))"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS i(id, n) ORDER BY i.n",
+            [list(invoice_ids)],
+        )
+        rows = cursor.fetchall()
+    _held_locks().extend(invoice_id for invoice_id, taken in rows if taken)
+    return [invoice_id for invoice_id, taken in rows if not taken]
+
+
 def charges_in_flight(invoice_ids: list[str]) -> list[str]:
     """The invoices among ``invoice_ids`` whose charge lock another session holds (their charge is in flight)."""
     if not invoice_ids:
