@@ -32,7 +32,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from billing.models import BillingRun
 from billing.services.drain import drain_due
 from hardcount.fencing import LeaseLost
-from hardcount.scheduler.leadership import lease_store
+from hardcount.scheduler.leadership import HeldLease, lease_store
 from hardcount.times import database_now
 
 log = logging.getLogger("billing.manual_runs")
@@ -102,7 +102,7 @@ def start_manual_run(*, tenant_id: str, livemode: bool) -> tuple[BillingRun, boo
 # Threads this process started, by run id (so tests and a stopping process can wait for them).
 _threads: dict[str, threading.Thread] = {}
 # The leases the threads hold, by run id (a stopping process asks them to stop at a safe point).
-_leases: dict[str, object] = {}
+_leases: dict[str, HeldLease] = {}
 _threads_lock = threading.Lock()
 
 
@@ -136,7 +136,7 @@ def _drain_thread(run_id: str) -> None:
             connections.close_all()
 
 
-def _take_lease(run: BillingRun):
+def _take_lease(run: BillingRun) -> HeldLease | None:
     """The run's lease, held by a new holder of this process; None when another holder drains the run.
 
     The previous run of the tenant and mode may still be giving the role up (its run is
@@ -209,7 +209,7 @@ def run_manual_drain(run_id: str) -> bool:
         lease.close(release_lease=True)
 
 
-def _end_failed(run_id: str, lease, exc: Exception) -> None:
+def _end_failed(run_id: str, lease: HeldLease, exc: Exception) -> None:
     """A drain ended by a bug: the run ends ``failed`` with the reason, under the lease (best effort)."""
     try:
         with transaction.atomic():
