@@ -35,7 +35,9 @@ from billing.services.payments import (
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
+    attempt_time,
     billing_time,
+    charging,
     clear_failure_state,
     in_flight_window,
     invoice_clock_id,
@@ -95,6 +97,11 @@ def retry_invoice_payment(
     a gateway failure (that is an ``error`` or ``unknown`` outcome); raises
     :class:`~hardcount.fencing.LeaseLost` when the fence refuses a write.
     """
+    with charging():
+        return _retry_charging(invoice_id, run_id=run_id, as_of=as_of, fence=fence)
+
+
+def _retry_charging(invoice_id: str, *, run_id: str, as_of: datetime | None, fence: Fence) -> CollectionResult:
     with transaction.atomic():
         fence.check()
         subscription, invoice = _lock(invoice_id)
@@ -103,15 +110,17 @@ def retry_invoice_payment(
             _skipped_locked(run_id, skip, invoice.status, as_of=as_of)
             return CollectionResult(skip, invoice.status)
         customer = customer_locked(invoice.customer_id)
+        clock_id = invoice_clock_id(invoice, subscription)
         if needs_no_charge(invoice):
             # Not reachable for a declined invoice (its amount was charged once); settled like
             # POST /v1/invoices/{id}/pay would, for completeness.
-            now = billing_time(invoice_clock_id(invoice, subscription), as_of)
+            now = billing_time(clock_id, as_of)
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(subscription, invoice, now=now)
             return CollectionResult(CollectionKind.CHARGED, invoice.status, Outcome(OutcomeKind.BILLED, invoice.id))
+        attempted_at = attempt_time(billing_time(clock_id, as_of), test_clock_id=clock_id, as_of=as_of)
         try:
-            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+            plan = reserve_attempt_locked(invoice, customer, now=attempted_at)
         except PaymentInFlight:
             _skipped_locked(run_id, CollectionKind.IN_FLIGHT, invoice.status, as_of=as_of)
             return CollectionResult(CollectionKind.IN_FLIGHT, invoice.status)

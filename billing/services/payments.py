@@ -18,17 +18,27 @@ The same three steps serve the drain's close (:mod:`billing.services.close`), th
 
 A row is one idempotency key: a same-key re-send updates it. A definite outcome (succeeded,
 declined, a final error) is never overwritten by a later indefinite one.
+
+An attempt of an invoice on a test clock is dated by the clock, like everything else of the
+clock's objects (docs/decisions/0082-test-clock-time-rules.md): its times say nothing about the
+wall clock, so whether it is in flight is not read from them. Its sender holds the invoice's
+*charge lock* instead, a PostgreSQL session advisory lock taken when the attempt is reserved and
+released once the outcome is recorded (:func:`charging`): in flight means "a live session holds
+the lock", and a process that dies frees it with its connection.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
@@ -170,6 +180,104 @@ def wall_clock_now(now: datetime, *, test_clock_id: str | None, as_of: datetime 
     return now if test_clock_id is None and as_of is None else database_now()
 
 
+def attempt_time(now: datetime, *, test_clock_id: str | None, as_of: datetime | None) -> datetime:
+    """The time written on a payment attempt (``started_at``, ``completed_at``), given the billing time ``now``.
+
+    On a test clock it is ``now``, the clock's time; a wall-clock object's attempt is dated by the
+    DB's now() (:func:`wall_clock_now`), whatever ``as_of`` the caller bills by.
+    """
+    return now if test_clock_id else wall_clock_now(now, test_clock_id=None, as_of=as_of)
+
+
+# --- the charge lock of a clock's invoice ----------------------------------------------------------------------------
+
+# CHARGE_LOCK: the session advisory lock the sender of a test-clock invoice's charge holds from
+# the reservation to the recorded outcome. Session scoped, so it outlives the reservation's
+# transaction and dies with the connection. The key is a 64-bit hash of the invoice id (a
+# collision would only make two invoices' charges wait for each other).
+TRY_CHARGE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.charge:' || %s, 0))"
+RELEASE_CHARGE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.charge:' || %s, 0))"
+# CHARGE_LOCKS_HELD: which of the given invoices another session holds the charge lock of, read
+# from pg_locks without taking anything (a bigint advisory key shows as classid:objid, objsubid 1).
+CHARGE_LOCKS_HELD = """
+SELECT i.id FROM unnest(%s::text[]) AS i(id)
+WHERE EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
+      AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('hardcount.charge:' || i.id, 0)
+)
+"""
+
+# The charge locks this thread's session holds, in the order taken (a lock taken twice is listed twice).
+_held = threading.local()
+
+
+def _held_locks() -> list[str]:
+    if not hasattr(_held, "invoice_ids"):
+        _held.invoice_ids = []
+    return _held.invoice_ids
+
+
+def take_charge_lock(invoice_id: str) -> bool:
+    """Take the charge lock of a test-clock invoice on this session; False when another session holds it.
+
+    Released by the :func:`charging` block around the charge (run every reservation inside one).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(TRY_CHARGE_LOCK, [invoice_id])
+        taken = cursor.fetchone()[0]
+    if taken:
+        _held_locks().append(invoice_id)
+    return taken
+
+
+def take_charge_locks(invoice_ids: list[str]) -> list[str]:
+    """:func:`take_charge_lock` for each of ``invoice_ids`` in one statement; the ids another session holds."""
+    if not invoice_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.id, pg_try_advisory_lock(hashtextextended('hardcount.charge:' || i.id, 0))"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS i(id, n) ORDER BY i.n",
+            [list(invoice_ids)],
+        )
+        rows = cursor.fetchall()
+    _held_locks().extend(invoice_id for invoice_id, taken in rows if taken)
+    return [invoice_id for invoice_id, taken in rows if not taken]
+
+
+def charges_in_flight(invoice_ids: list[str]) -> list[str]:
+    """The invoices among ``invoice_ids`` whose charge lock another session holds (their charge is in flight)."""
+    if not invoice_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(CHARGE_LOCKS_HELD, [list(invoice_ids)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@contextmanager
+def charging() -> Iterator[None]:
+    """Wrap a reservation, its gateway call and its record: on the way out, free the charge locks taken inside.
+
+    Blocks nest: each frees only the locks taken since it began. A lock that cannot be freed
+    because the connection broke is gone with the session already.
+    """
+    held = _held_locks()
+    mark = len(held)
+    try:
+        yield
+    finally:
+        taken, held[mark:] = held[mark:], []
+        if taken:
+            try:
+                with connection.cursor() as cursor:
+                    for invoice_id in reversed(taken):
+                        cursor.execute(RELEASE_CHARGE_LOCK, [invoice_id])
+            except DatabaseError:
+                log.warning("could not free %d charge lock(s); closing the session frees them", len(taken))
+                connection.close()
+
+
 # --- step 1 ---------------------------------------------------------------------------------------------------------
 
 
@@ -178,22 +286,32 @@ def reserve_attempt_locked(
 ) -> ChargePlan:
     """Reserve the next payment attempt of an ``open`` invoice (invoice and customer locked by the caller).
 
-    If the latest attempt is still open (``unknown``, or a transient error) it is re-sent under
-    its own key and body, or, when :func:`must_look_up` (its PaymentIntent is processing, or its
-    key may have expired), looked up instead (``plan.look_up``): raises :class:`PaymentInFlight`
-    when it is ``unknown`` and younger than :func:`in_flight_window` (someone is sending it right
-    now). Otherwise a new attempt:
-    number n+1, key ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
+    ``now`` is the attempt's time (:func:`attempt_time`: the clock's on a test clock). If the
+    latest attempt is still open (``unknown``, or a transient error) it is re-sent under its own
+    key and body, or, when :func:`must_look_up` (its PaymentIntent is processing, or its key may
+    have expired at the gateway, measured on the database's wall clock), looked up instead
+    (``plan.look_up``): raises :class:`PaymentInFlight` when it is ``unknown`` and someone is
+    sending it right now (younger than :func:`in_flight_window`; on a test clock, another session
+    holds the invoice's charge lock). Otherwise a new attempt: number n+1, key
+    ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
     ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
     ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:
     the attempt is a decline (``payment_method_missing``). ``first_attempt``: the caller inserted
-    the invoice in this transaction, so it has no attempt yet (saves a query).
+    the invoice in this transaction, so it has no attempt yet (saves a query). On a test clock the
+    invoice's charge lock is taken here: call this inside :func:`charging`.
     """
     latest = None if first_attempt else invoice.payment_attempts.order_by("-attempt_number").first()
+    if customer.test_clock_id and not take_charge_lock(invoice.id):
+        raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
     if latest is not None and is_open(latest):
-        if latest.outcome == PaymentAttempt.UNKNOWN and latest.started_at > now - in_flight_window():
+        if (
+            not customer.test_clock_id
+            and latest.outcome == PaymentAttempt.UNKNOWN
+            and latest.started_at > now - in_flight_window()
+        ):
             raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
-        look_up = must_look_up(latest, now=now)
+        # A key's age is the gateway's, in real time: never measured on a test clock.
+        look_up = must_look_up(latest, now=database_now() if customer.test_clock_id else now)
         latest.outcome = PaymentAttempt.UNKNOWN
         latest.started_at = now
         latest.save(update_fields=["outcome", "started_at"])
@@ -221,7 +339,8 @@ def new_attempt(invoice: Invoice, customer: Customer, *, number: int, now: datet
     """Unsaved payment attempt ``number`` of an open invoice: ``amount_due`` of its currency, outcome ``unknown``.
 
     It charges the customer's current default payment method under :func:`_new_attempt_key`; with
-    no payment method it has no key (nothing will be sent). ``now``: the wall clock (the DB's now()).
+    no payment method it has no key (nothing will be sent). ``now``: the attempt's time
+    (:func:`attempt_time`: the clock's on a test clock, else the DB's now()).
     """
     attempt = PaymentAttempt(
         tenant_id=invoice.tenant_id,
@@ -505,7 +624,7 @@ def record_outcome(
                 write_billing_attempt(run, plan.subscription_id, outcome, now=now)
             return outcome
 
-        apply_result(attempt, result, completed_at=wall_clock_now(now, test_clock_id=clock_id, as_of=as_of))
+        apply_result(attempt, result, completed_at=attempt_time(now, test_clock_id=clock_id, as_of=as_of))
         attempt.save()
         invoice_fields = []  # saved with the outcome's own invoice update, or at the end
         if result.payment_intent_id and not invoice.payment_intent_id:
