@@ -575,7 +575,7 @@ class ApiView(APIView):
             {"object": "list", "data": [render(row) for row in rows[:limit]], "has_more": len(rows) > limit}
         )
 
-    # -- idempotency -----------------------------------------------------------------
+    # -- tenancy and idempotency -----------------------------------------------------
 
     def dispatch(self, request, *args, **kwargs):
         try:

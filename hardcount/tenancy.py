@@ -42,8 +42,12 @@ def through_parent(table: str, foreign_key: str, parent_table: str) -> str:
 
 
 def create_role_sql() -> str:
-    """SQL creating :data:`TENANT_ROLE` once per cluster, making the migrating role able to ``SET ROLE`` to it,
-    and granting it DML on the tables and sequences of the schema, now and for later migrations' tables."""
+    """SQL creating :data:`TENANT_ROLE` once per cluster and making the migrating role able to ``SET ROLE`` to it.
+
+    The role gets the schema and its sequences (ids of a few tables are serials), now and for
+    later migrations' sequences; a table it may touch is granted by :func:`enable_sql` with its
+    policy, so every other table (auth, sessions, leases, migrations) is closed to it.
+    """
     return f"""
 DO $$
 BEGIN
@@ -56,9 +60,7 @@ BEGIN
 END
 $$;
 GRANT USAGE ON SCHEMA public TO {TENANT_ROLE};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {TENANT_ROLE};
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO {TENANT_ROLE};
-ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {TENANT_ROLE};
 ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {TENANT_ROLE};
 """
 
@@ -66,9 +68,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT, UPDATE ON SEQUENC
 def drop_grants_sql() -> str:
     """The reverse of :func:`create_role_sql` in this database; the role itself stays (it is cluster-wide)."""
     return f"""
-ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE SELECT, INSERT, UPDATE, DELETE ON TABLES FROM {TENANT_ROLE};
 ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE USAGE, SELECT, UPDATE ON SEQUENCES FROM {TENANT_ROLE};
-REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {TENANT_ROLE};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {TENANT_ROLE};
 REVOKE USAGE ON SCHEMA public FROM {TENANT_ROLE};
 """
@@ -89,6 +89,7 @@ def disable_sql(table: str) -> str:
     return f"""
 DROP POLICY IF EXISTS tenant_isolation ON {table};
 ALTER TABLE {table} DISABLE ROW LEVEL SECURITY;
+REVOKE ALL ON {table} FROM {TENANT_ROLE};
 """
 
 
