@@ -29,11 +29,16 @@ from billing.models import (
     TestClock,
 )
 from billing.services import catalog, drain, invoices
+from hardcount import audit
 from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search, short_time
 from hardcount.errors import ServiceError
 from hardcount.money import format_amount
 
 SCOPE_FILTERS = (mode_filter(), "tenant")
+# Each action's rows are recorded in the audit log, one entry per row with its outcome (hardcount.audit).
+RETRY_BILLING, CANCEL = "subscription.retry_billing", "subscription.cancel"
+RETRY_PAYMENT, VOID = "invoice.retry_payment", "invoice.void"
+AUDIT_ACTIONS = audit.actions(RETRY_BILLING, CANCEL, RETRY_PAYMENT, VOID)
 # A search term matching more customers than this (one email in many tenants) shows their first ones.
 SEARCH_CUSTOMER_LIMIT = 100
 
@@ -309,8 +314,11 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
                 attempt = drain.retry_billing(sub.id, tenant_id=sub.tenant_id, livemode=sub.livemode)
             except ServiceError as exc:
                 self.message_user(request, f"{sub.id}: not retried. {exc.message}", messages.WARNING)
+                self.record_action(request, RETRY_BILLING, sub, f"Refused: {exc.message}")
                 continue
-            self.message_user(request, *_retry_result(sub, attempt))
+            message, level = _retry_result(sub, attempt)
+            self.message_user(request, message, level)
+            self.record_action(request, RETRY_BILLING, sub, message)
         return self.after_action(request, rows)
 
     @admin.action(description="Cancel now (nothing more is billed)", permissions=["operate"])
@@ -342,8 +350,10 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
                 )
             except ServiceError as exc:
                 self.message_user(request, f"{sub.id}: not canceled. {exc.message}", messages.WARNING)
+                self.record_action(request, CANCEL, sub, f"Cancel {when} refused: {exc.message}")
                 continue
             self.message_user(request, f"{sub.id}: canceled {when}.", messages.SUCCESS)
+            self.record_action(request, CANCEL, sub, f"Canceled {when}.")
         return self.after_action(request, rows)
 
 
@@ -453,8 +463,11 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                 )
             except ServiceError as exc:
                 self.message_user(request, f"{invoice.id}: not charged. {exc.message}", messages.WARNING)
+                self.record_action(request, RETRY_PAYMENT, invoice, f"Refused: {exc.message}")
                 continue
-            self.message_user(request, *_payment_result(paid, attempt))
+            message, level = _payment_result(paid, attempt)
+            self.message_user(request, message, level)
+            self.record_action(request, RETRY_PAYMENT, invoice, message)
         return self.after_action(request, rows)
 
     @admin.action(description="Void (draft or open invoices)", permissions=["operate"])
@@ -477,8 +490,10 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                 invoices.void_invoice(invoice.id, tenant_id=invoice.tenant_id, livemode=invoice.livemode)
             except ServiceError as exc:
                 self.message_user(request, f"{invoice.id}: not voided. {exc.message}", messages.WARNING)
+                self.record_action(request, VOID, invoice, f"Refused: {exc.message}")
                 continue
             self.message_user(request, f"{invoice.id}: voided.", messages.SUCCESS)
+            self.record_action(request, VOID, invoice, "Voided.")
         return self.after_action(request, rows)
 
 

@@ -22,10 +22,18 @@ Outcomes of a charge, told apart by the exception classes the library raises:
 - ``succeeded``: the PaymentIntent succeeded;
 - ``declined``: ``stripe.CardError`` (HTTP 402), with the ``decline_code``;
 - ``unknown``: ``stripe.APIConnectionError`` (timeout, connection reset: the request may have
-  run); it is resolved by sending the same request under the same key again, never by a new key;
+  run), or a PaymentIntent still ``processing``; it is resolved by sending the same request under
+  the same key again, never by a new key, while the key is young; a ``processing`` PaymentIntent,
+  and any attempt whose key may have expired, is resolved by :meth:`Gateway.look_up` instead;
 - ``error``: anything else (5xx, 429, other 4xx, authentication). A 5xx, 409 or 429, or no
   HTTP status at all, is *transient*: the next try re-sends the same request under the same key
   (Stripe replays a stored result, or runs a request that never ran). Other 4xx are final.
+
+Stripe forgets a key once it is 24 hours old (https://docs.stripe.com/api/idempotent_requests):
+a re-send after that runs as a new request, a second PaymentIntent. :meth:`Gateway.look_up`
+resolves an attempt without sending it: the PaymentIntent by id, or found among the gateway
+customer's PaymentIntents by the ``hardcount_invoice`` metadata :meth:`Gateway.charge` sets
+(docs/decisions/0129-idempotency-keys-expire.md).
 
 Amounts go to Stripe exactly as stored: integer minor units, so 1000 JPY is ``amount=1000``
 (the yen has no minor unit) and 1000 USD cents is ``amount=1000``.
@@ -43,6 +51,15 @@ import stripe
 from django.conf import settings
 
 SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
+PROCESSING = "processing"  # the PaymentIntent status of a payment that settles later
+# Metadata keys of every PaymentIntent Hardcount creates (and of its gateway customers).
+INVOICE_METADATA_KEY, TENANT_METADATA_KEY, CUSTOMER_METADATA_KEY = (
+    "hardcount_invoice",
+    "hardcount_tenant",
+    "hardcount_customer",
+)
+# Page size of the lookup's lists (Stripe's largest).
+LIST_PAGE_SIZE = 100
 
 # The library logs every request at INFO; payment attempts are our record of calls.
 logging.getLogger("stripe").setLevel(logging.WARNING)
@@ -92,11 +109,14 @@ class ChargeResult:
     """What the gateway said. ``outcome`` is one of succeeded/declined/unknown/error.
 
     ``gateway_customer_id`` / ``payment_method_attached`` report side effects learned on the
-    way (the caller saves them); ``http_status`` is None when no HTTP answer arrived.
+    way (the caller saves them); ``http_status`` is None when no HTTP answer arrived;
+    ``payment_intent_status`` is the PaymentIntent's status when an answer showed it
+    (``processing``: the payment settles later, :meth:`Gateway.look_up` resolves it).
     """
 
     outcome: str
     payment_intent_id: str = ""
+    payment_intent_status: str = ""
     decline_code: str = ""
     error_message: str = ""
     http_status: int | None = None
@@ -130,7 +150,7 @@ class Gateway:
         params = {
             "email": req.customer_email,
             "name": req.customer_name or req.customer_email,
-            "metadata": {"hardcount_customer": req.customer_id, "hardcount_tenant": req.tenant_id},
+            "metadata": {CUSTOMER_METADATA_KEY: req.customer_id, TENANT_METADATA_KEY: req.tenant_id},
         }
         digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
         customer = self._client.v1.customers.create(
@@ -171,7 +191,7 @@ class Gateway:
                         "payment_method": req.payment_method,
                         "off_session": True,
                         "confirm": True,
-                        "metadata": {"hardcount_invoice": req.invoice_id, "hardcount_tenant": req.tenant_id},
+                        "metadata": {INVOICE_METADATA_KEY: req.invoice_id, TENANT_METADATA_KEY: req.tenant_id},
                     },
                     options={"idempotency_key": req.idempotency_key},
                 )
@@ -194,21 +214,7 @@ class Gateway:
             result.error_message = f"{type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
             result.payment_intent_id = req.payment_intent_id
             return result
-        result.payment_intent_id = intent.id
-        if intent.status == "succeeded":
-            result.outcome = SUCCEEDED
-        elif intent.status == "processing":
-            # Asynchronous methods settle later: resolved like an unknown outcome.
-            result.outcome = UNKNOWN
-            result.error_message = "payment processing"
-        else:
-            # requires_action (3-D Secure off-session) or requires_payment_method: the card said no.
-            result.outcome = DECLINED
-            last_error = getattr(intent, "last_payment_error", None) or {}
-            result.decline_code = (
-                (last_error.get("decline_code") or last_error.get("code")) if last_error else None
-            ) or ("authentication_required" if intent.status == "requires_action" else "card_declined")
-            result.error_message = f"PaymentIntent status {intent.status}"
+        _classify(intent, result)
         return result
 
     def _intent_of_card_error(self, error: dict) -> str:
@@ -230,6 +236,125 @@ class Gateway:
     def retrieve_payment_intent(self, payment_intent_id: str):
         """The PaymentIntent object (raises the library's errors)."""
         return self._client.v1.payment_intents.retrieve(payment_intent_id)
+
+    # --- lookups ------------------------------------------------------------------------------------------------
+
+    def look_up(self, req: ChargeRequest) -> ChargeResult:
+        """What became of ``req``, found without sending it; never raises for gateway failures.
+
+        ``req.payment_intent_id`` set: that PaymentIntent, retrieved. Empty: the invoice's
+        PaymentIntents among its gateway customer's (:meth:`find_invoice_payment_intents`; the
+        customer found by :meth:`find_gateway_customers` when ``req.gateway_customer_id`` is
+        empty). A PaymentIntent found is classified as :meth:`charge` classifies one, except that
+        one on which nothing was charged (``requires_confirmation``, or ``requires_payment_method``
+        without a ``last_payment_error``) is a final ``error``, as is finding none: both answered
+        with ``http_status`` 200, so the next try takes a new attempt (and, with no PaymentIntent,
+        a new create key). Several found: a succeeded one wins, then a processing one, then the
+        newest. A lookup that gets no answer, or an error, proves nothing: ``unknown`` (with the
+        error's ``http_status``), so the attempt stays open and the next try looks up again.
+        """
+        result = ChargeResult(outcome=ERROR, gateway_customer_id=req.gateway_customer_id)
+        try:
+            if req.payment_intent_id:
+                intents = [self.retrieve_payment_intent(req.payment_intent_id)]
+            else:
+                customers = (
+                    [req.gateway_customer_id]
+                    if req.gateway_customer_id
+                    else self.find_gateway_customers(req.customer_id, req.customer_email)
+                )
+                intents = []
+                for customer in customers:
+                    found = self.find_invoice_payment_intents(customer, req.invoice_id)
+                    if found and not result.gateway_customer_id:
+                        result.gateway_customer_id = customer
+                    intents.extend(found)
+        except stripe.StripeError as exc:
+            # Even a final-looking 4xx: only a lookup that answered may let a new PaymentIntent be created.
+            result.outcome = UNKNOWN
+            result.http_status = exc.http_status
+            result.error_message = f"lookup, {type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
+            result.payment_intent_id = req.payment_intent_id
+            return result
+        result.http_status = 200
+        if not intents:
+            result.error_message = f"lookup: no PaymentIntent at the gateway for invoice {req.invoice_id}"
+            return result
+        rank = {SUCCEEDED: 0, PROCESSING: 1}
+        intent = min(enumerate(intents), key=lambda pair: (rank.get(pair[1].status, 2), pair[0]))[1]
+        if intent.status in ("requires_confirmation", "requires_payment_method") and not getattr(
+            intent, "last_payment_error", None
+        ):
+            result.payment_intent_id = intent.id
+            result.payment_intent_status = intent.status
+            result.error_message = f"lookup: PaymentIntent {intent.id} is {intent.status}, nothing was charged"
+            return result
+        _classify(intent, result)
+        result.http_status = None if result.outcome == UNKNOWN else 200
+        return result
+
+    def find_invoice_payment_intents(self, gateway_customer_id: str, invoice_id: str, *, page_size: int = 0) -> list:
+        """The gateway customer's PaymentIntents whose ``hardcount_invoice`` metadata is ``invoice_id``, newest first.
+
+        Lists them all (``GET /v1/payment_intents?customer=…``, ``page_size`` a page,
+        :data:`LIST_PAGE_SIZE` by default): Stripe's lists are strongly consistent, its search is
+        not, so a PaymentIntent created a moment ago may be missing from a search but never from
+        the list. Raises the library's errors.
+        """
+        pages = self._client.v1.payment_intents.list(
+            params={"customer": gateway_customer_id, "limit": page_size or LIST_PAGE_SIZE}
+        )
+        return [
+            intent
+            for intent in pages.auto_paging_iter()
+            if _as_dict(getattr(intent, "metadata", None)).get(INVOICE_METADATA_KEY) == invoice_id
+        ]
+
+    def find_gateway_customers(self, customer_id: str, email: str) -> list[str]:
+        """Ids of the gateway customers created for Hardcount customer ``customer_id`` under ``email``.
+
+        For a customer whose gateway id was never recorded (a process that died after the
+        charge): its gateway customers are listed by email (``GET /v1/customers?email=…``, a
+        list, so strongly consistent) and kept when their ``hardcount_customer`` metadata is
+        ``customer_id``. A gateway customer created under an email changed since is not found.
+        Raises the library's errors.
+        """
+        if not email:
+            return []
+        pages = self._client.v1.customers.list(params={"email": email, "limit": LIST_PAGE_SIZE})
+        return [
+            customer.id
+            for customer in pages.auto_paging_iter()
+            if _as_dict(getattr(customer, "metadata", None)).get(CUSTOMER_METADATA_KEY) == customer_id
+        ]
+
+
+def _as_dict(value) -> dict:
+    """A StripeObject (or None, or a dict) as a plain dict: StripeObjects have no ``.get``."""
+    if not value:
+        return {}
+    return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+
+def _classify(intent, result: ChargeResult) -> None:
+    """Set ``result``'s outcome from a PaymentIntent the gateway returned (in place)."""
+    result.payment_intent_id = intent.id
+    result.payment_intent_status = intent.status or ""
+    if intent.status == SUCCEEDED:
+        result.outcome = SUCCEEDED
+    elif intent.status == PROCESSING:
+        # Asynchronous methods settle later: resolved by retrieving the PaymentIntent (a same-key
+        # re-send would only replay this answer).
+        result.outcome = UNKNOWN
+        result.error_message = "payment processing"
+    else:
+        # requires_action (3-D Secure off-session) or requires_payment_method: the card said no.
+        result.outcome = DECLINED
+        last_error = _as_dict(getattr(intent, "last_payment_error", None))
+        result.decline_code = (last_error.get("decline_code") or last_error.get("code")) or (
+            "authentication_required" if intent.status == "requires_action" else "card_declined"
+        )
+        result.error_message = f"PaymentIntent status {intent.status}"
 
 
 _gateways: dict[tuple[str, str, float], Gateway] = {}

@@ -2,7 +2,8 @@
 
 :class:`BillingRole` (docs/reference/roles-and-leases.md, docs/reference/billing.md): a tick,
 under the ``billing`` lease, drains live mode, then the test-mode pass, then the reconcilers of
-both modes (invoices whose tax is pending, payments whose outcome is unknown). The tick's fence
+both modes (invoices whose tax is pending, payments whose outcome is unknown); between the two,
+it resumes test-clock advances and manual runs whose process died. The tick's fence
 guards every write of the drain; its liveness stamp is written after every page, so a drain
 longer than the interval never looks stale. A lost lease or a stop request ends the tick at the
 drain's next safe point (``fence.alive()``).
@@ -27,6 +28,7 @@ from billing.models import BillingRun
 from billing.services.clocks import resume_stalled_advances
 from billing.services.drain import drain_due, reconcile
 from billing.services.dunning_pass import process_due
+from billing.services.manual_runs import resume_stalled_manual_runs
 from hardcount.scheduler import TickContext, TickFailed
 
 MODES = ((True, "live"), (False, "test"))
@@ -61,6 +63,8 @@ class BillingRole:
             counts[f"{mode}_failed"] = run.failed
         # Test-clock advances whose process died resume in the background (billing/services/clocks.py).
         counts["test_clocks_resumed"] = len(resume_stalled_advances(livemode=False))
+        # So do manual runs whose process died (billing/services/manual_runs.py), of both modes.
+        counts["manual_runs_resumed"] = len(resume_stalled_manual_runs())
         for livemode, mode in MODES:
             if not ctx.fence.alive():
                 return counts

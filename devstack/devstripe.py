@@ -12,9 +12,22 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways t
    ``decline_code`` and the ``payment_intent`` object.
 3. A declined attach (Stripe's decline test cards, e.g. ``4000000000009979``) carries no
    ``decline_code``; Stripe sends the card's (``stolen_card``, ``lost_card``, …).
+4. ``GET /v1/payment_intents`` takes no ``customer`` filter (``400 Unexpected customer``) and
+   lists oldest first; Stripe filters by ``customer`` and lists newest first, paginated with
+   ``limit`` and ``starting_after`` (https://docs.stripe.com/api/payment_intents/list). The
+   gateway finds an invoice's PaymentIntents this way once a key may have expired.
+
+It also lets a test hold a payment in ``processing``, as Stripe's asynchronous payment methods
+do, and settle it later (:data:`CONTROL_ROUTES`; :meth:`devstack.strict_stripe.StrictStripe.hold_processing`
+and ``settle``): every charge of a payment method marked with
+``POST /_hardcount/payment_methods/{id}/processing`` stays ``pending`` (its PaymentIntent
+``processing``) until ``POST /_hardcount/payment_intents/{id}/settle`` with
+``outcome=succeeded`` or ``outcome=failed`` (optionally ``decline_code=…``) settles it, with the
+``payment_intent.succeeded`` / ``payment_intent.payment_failed`` event Stripe sends. A failed one
+is ``requires_payment_method`` with a ``last_payment_error``, as at Stripe.
 
 :func:`apply_localstripe_fixes` patches localstripe's classes in the process that serves it so
-it behaves as Stripe does in those two respects. :func:`main` serves an in-memory localstripe
+it behaves as Stripe does in those respects. :func:`main` serves an in-memory localstripe
 (no pickling to ``/tmp``) on a port: ``python -m devstack.devstripe --port 8420``. The test
 suite starts it this way; ``devstack.stack`` may call :func:`apply_localstripe_fixes` too.
 """
@@ -99,8 +112,19 @@ def apply_localstripe_fixes() -> None:
                 error.setdefault("decline_code", DECLINE_CODES_OF_TEST_CARDS.get(number, "generic_decline"))
             raise
 
+    def _api_list_all(cls, url, customer=None, limit=None, starting_after=None, **kwargs):
+        # Fix 4: Stripe's filter and order. The base list is looked up now: it may be the indexed one.
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        if customer is not None and not (isinstance(customer, str) and customer.startswith("cus_")):
+            raise UserError(400, "Bad request")
+        li = resources.StripeObject._api_list_all.__func__(cls, url, limit=limit, starting_after=starting_after)
+        li._list = [pi for pi in reversed(li._list) if customer is None or pi.customer == customer]
+        return li
+
     pi_cls._api_confirm = classmethod(_api_confirm)
     pi_cls._report_failure = _report_failure
+    pi_cls._api_list_all = classmethod(_api_list_all)
     pm_cls._api_attach = classmethod(_api_attach)
     # The route table captured the original bound methods: point it at the fixed ones.
     fixed_routes = {
@@ -108,7 +132,67 @@ def apply_localstripe_fixes() -> None:
         "/v1/payment_methods/{id}/attach": pm_cls._api_attach,
     }
     resources.extra_apis[:] = [(method, url, fixed_routes.get(url, func)) for method, url, func in resources.extra_apis]
+    _add_processing_payments(resources, UserError)
     pi_cls._hardcount_fixed = True
+
+
+# The test's controls of processing payments (served to callers with any secret key, as localstripe's API).
+CONTROL_ROUTES = (
+    "/_hardcount/payment_methods/{id}/processing",
+    "/_hardcount/payment_intents/{id}/settle",
+)
+
+
+def _add_processing_payments(resources, UserError) -> None:
+    """Charges of marked payment methods stay ``pending`` until settled (see the module docstring)."""
+    charge_cls, pi_cls = resources.Charge, resources.PaymentIntent
+    processing_methods: set[str] = set()
+    held: dict[str, tuple] = {}  # charge id -> (on_success, on_failure_later) of the held charge
+    original_initialize = charge_cls._initialize_charge
+    original_last_error = pi_cls.last_payment_error.fget
+
+    def _initialize_charge(self, on_success=None, on_failure_now=None, on_failure_later=None):
+        if self.payment_method not in processing_methods:
+            return original_initialize(self, on_success, on_failure_now, on_failure_later)
+        self.status = "pending"
+        held[self.id] = (on_success, on_failure_later)
+
+    def last_payment_error(self):
+        error = original_last_error(self)
+        code = getattr(self.latest_charge, "_hardcount_decline_code", None)
+        if error is not None and code:
+            error = {**error, "decline_code": code}
+        return error
+
+    def hold(id=None, **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        payment_method = resources.PaymentMethod._api_retrieve(id)
+        processing_methods.add(payment_method.id)
+        return payment_method
+
+    def settle(id=None, outcome=None, decline_code=None, **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        if outcome not in ("succeeded", "failed"):
+            raise UserError(400, "outcome must be succeeded or failed")
+        intent = pi_cls._api_retrieve(id)
+        charge = intent.latest_charge
+        if charge is None or charge.id not in held:
+            raise UserError(400, f"PaymentIntent {id} is not processing", {"code": "payment_intent_unexpected_state"})
+        on_success, on_failure_later = held.pop(charge.id)
+        if outcome == "succeeded":
+            charge._trigger_payment(on_success)
+        else:
+            charge._set_auth_failure()
+            charge._hardcount_decline_code = decline_code or "generic_decline"
+            if on_failure_later:
+                on_failure_later()
+        return intent
+
+    charge_cls._initialize_charge = _initialize_charge
+    pi_cls.last_payment_error = property(last_payment_error)
+    resources.extra_apis.extend((("POST", CONTROL_ROUTES[0], hold), ("POST", CONTROL_ROUTES[1], settle)))
 
 
 def _keep_store_in_memory() -> None:

@@ -32,6 +32,12 @@ Each fault applies to the next ``times`` requests that ``match`` (a callable on
 :class:`ProxyRequest`, or a substring of ``"METHOD /path"``). :attr:`StrictStripe.log` lists
 every request with what the proxy did, so tests can count what reached localstripe.
 
+Also in-process: :meth:`StrictStripe.expire_key` forgets one key now, as Stripe may once it is
+24 hours old; :meth:`StrictStripe.hold_processing` makes a payment method's charges stay
+``processing`` (as Stripe's asynchronous methods do) until :meth:`StrictStripe.settle` moves
+the PaymentIntent to ``succeeded`` or fails it (through ``devstack.devstripe``'s control routes,
+so localstripe must be served by ``python -m devstack.devstripe``).
+
 Run on its own (``serve`` starts it this way, through :func:`devstack.stack.start_strict_stripe`)::
 
     python -m devstack.strict_stripe --upstream http://127.0.0.1:8420 --port 8421 \\
@@ -57,7 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 FAULT_KINDS = ("timeout", "timeout_after_forward", "reset", "500", "429", "delay")
 # Stripe keeps a key for at least 24 hours, then may prune it.
@@ -283,6 +289,58 @@ class StrictStripe:
                 for e in self.log
                 if (line is None or line in e.request.line) and (action is None or e.action == action)
             ]
+
+    def expire_key(self, key: str) -> bool:
+        """Forget ``key`` now, as Stripe may once it is 24 hours old: its next request runs again.
+
+        True when the key was remembered. With a key file, a line marking it expired is appended,
+        so a restart does not bring it back.
+        """
+        with self._lock:
+            entry = self._stored.pop(key, None)
+            if entry is not None and self._key_file is not None:
+                self._key_file.append(
+                    key, _Stored(entry.fingerprint, entry.status, entry.body, entry.content_type, 0.0)
+                )
+        return entry is not None
+
+    def hold_processing(self, payment_method: str) -> dict:
+        """Make every later charge of ``payment_method`` stay pending: its PaymentIntent answers ``processing``.
+
+        Returns the payment method (as localstripe exports it). Raises ``RuntimeError`` if the
+        upstream refuses (an unknown payment method, or a localstripe without the control routes).
+        """
+        return self._control(f"/_hardcount/payment_methods/{payment_method}/processing", {})
+
+    def settle(self, payment_intent: str, outcome: str = "succeeded", *, decline_code: str = "") -> dict:
+        """Settle a ``processing`` PaymentIntent: ``outcome`` ``succeeded``, or ``failed`` (``decline_code``,
+        default ``generic_decline``). Returns the PaymentIntent. Raises ``RuntimeError`` if the upstream refuses
+        (not processing, an unknown outcome)."""
+        params = {"outcome": outcome, **({"decline_code": decline_code} if decline_code else {})}
+        return self._control(f"/_hardcount/payment_intents/{payment_intent}/settle", params)
+
+    def _control(self, path: str, params: dict[str, str]) -> dict:
+        """POST a control request straight to the upstream (not through the proxy, not logged)."""
+        body = urlencode(params).encode()
+        conn = http.client.HTTPConnection(self._upstream_host, self._upstream_port, timeout=self._upstream_timeout_s)
+        try:
+            conn.request(
+                "POST",
+                path,
+                body=body,
+                headers={
+                    "Authorization": "Bearer sk_test_strict_stripe_control",
+                    "Content-Type": "application/x-www-form-urlencoded",
+                    "Content-Length": str(len(body)),
+                },
+            )
+            resp = conn.getresponse()
+            payload = resp.read()
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"{path}: {resp.status} {payload[:500]!r}")
+        return json.loads(payload)
 
     def stored_keys(self) -> dict[str, float]:
         """Every remembered key with the wall-clock time it was first seen (expired ones included until used)."""

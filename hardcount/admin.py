@@ -21,8 +21,11 @@ from __future__ import annotations
 from datetime import UTC
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Model, Q, QuerySet
@@ -34,8 +37,8 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from hardcount import idempotency
-from hardcount.models import ApiKey, IdempotencyRecord, Tenant
+from hardcount import audit, idempotency
+from hardcount.models import ApiKey, AuditLogEntry, IdempotencyRecord, RateLimit, RateLimitBucket, Tenant
 
 admin.site.site_header = "Hardcount operations"
 admin.site.site_title = "Hardcount"
@@ -71,7 +74,47 @@ class CappedCountPaginator(Paginator):
         return min(counted, self.cap)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class AuditedAdmin(admin.ModelAdmin):
+    """A model admin whose add, change and delete are also recorded in the audit log (:mod:`hardcount.audit`).
+
+    Django's ``LogEntry`` (the object's history page) is still written; the audit entry adds the
+    client's address and stays when the user is deleted. ``audit_actions`` renames an admin's
+    ``add``, ``change`` or ``delete`` (``{"add": "tenant.created"}``). Admin actions record
+    themselves, a row at a time, with :meth:`record_action`.
+    """
+
+    audit_actions: dict[str, str] = {}
+
+    def _audit(self, request, kind: str, obj: Model, change: str) -> None:
+        action = self.audit_actions.get(kind, f"admin.{kind}")
+        audit.record(action, obj=obj, request=request, message=f"{self.opts.verbose_name} {obj}: {change}")
+
+    def log_addition(self, request, obj, message):
+        entry = super().log_addition(request, obj, message)
+        self._audit(request, "add", obj, entry.get_change_message() or "Added.")
+        return entry
+
+    def log_change(self, request, obj, message):
+        entry = super().log_change(request, obj, message)
+        self._audit(request, "change", obj, entry.get_change_message() or "No fields changed.")
+        return entry
+
+    def log_deletions(self, request, queryset):
+        rows = list(queryset)
+        entries = super().log_deletions(request, rows)
+        for obj in rows:
+            self._audit(request, "delete", obj, "Deleted.")
+        return entries
+
+    def record_action(self, request, action: str, obj: Model, message: str, *, tenant_id: str | None = None) -> None:
+        """Record that the request's user ran ``action`` (a registered name) on ``obj``, with its outcome.
+
+        ``tenant_id`` is for rows that carry none of their own (a delivery is its event's tenant's).
+        """
+        audit.record(action, obj=obj, request=request, message=message, tenant_id=tenant_id)
+
+
+class ReadOnlyAdmin(AuditedAdmin):
     """View-only admin: no add, change or delete; lists with capped counts and no full-table ``COUNT(*)``.
 
     Subclasses offer operations as admin actions declared with ``permissions=["operate"]``
@@ -318,6 +361,12 @@ class ApiKeyInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class RateLimitInline(ReadOnlyInline):
+    model = RateLimit
+    fields = ("bucket", "per_s", "burst", "updated_at")
+    verbose_name_plural = "rate limits of its own (manage.py ratelimit)"
+
+
 @admin.register(Tenant)
 class TenantAdmin(ReadOnlyAdmin):
     """Tenants; adding one issues its test and live keys (shown once), like ``manage.py createtenant``."""
@@ -325,7 +374,8 @@ class TenantAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "created_at")
     search_fields = ("id__exact", "name")
     form = TenantCreateForm
-    inlines = [ApiKeyInline]
+    inlines = [ApiKeyInline, RateLimitInline]
+    audit_actions = {"add": audit.TENANT_CREATED}
 
     def get_readonly_fields(self, request, obj=None):
         return () if obj is None else ("id", "created_at")
@@ -340,6 +390,8 @@ class TenantAdmin(ReadOnlyAdmin):
         with transaction.atomic():
             obj.save()
             obj.issued_keys = [ApiKey.issue(obj, livemode=False), ApiKey.issue(obj, livemode=True)]
+            for key, _secret in obj.issued_keys:
+                self.record_action(request, audit.API_KEY_ISSUED, key, f"Issued {key} with tenant {obj.name}.")
 
     def response_add(self, request, obj: Tenant, post_url_continue=None):
         return _secrets_page(request, self, title=f"Tenant {obj.name} created", tenant=obj, keys=obj.issued_keys)
@@ -364,6 +416,7 @@ class ApiKeyAdmin(ReadOnlyAdmin):
     exclude = ("key_hash",)
     actions = ["revoke"]
     object_actions = (("revoke", "Revoke"),)
+    audit_actions = {"add": audit.API_KEY_ISSUED}
 
     def has_add_permission(self, request, obj: Model | None = None) -> bool:
         return admin.ModelAdmin.has_add_permission(self, request)
@@ -397,10 +450,16 @@ class ApiKeyAdmin(ReadOnlyAdmin):
         rows = self.selected_rows(request, queryset)
         if rows is None:
             return None
-        count = ApiKey.objects.filter(pk__in=[key.pk for key in rows], revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        self.message_user(request, f"Revoked {count} key(s).")
+        with transaction.atomic():
+            revoked = list(
+                ApiKey.objects.select_for_update()
+                .filter(pk__in=[key.pk for key in rows], revoked_at__isnull=True)
+                .order_by("pk")
+            )
+            ApiKey.objects.filter(pk__in=[key.pk for key in revoked]).update(revoked_at=timezone.now())
+            for key in revoked:
+                self.record_action(request, audit.API_KEY_REVOKED, key, f"Revoked {key}.")
+        self.message_user(request, f"Revoked {len(revoked)} key(s).")
         return self.after_action(request, rows)
 
 
@@ -439,3 +498,124 @@ class IdempotencyRecordAdmin(ReadOnlyAdmin):
     @admin.display(description="response body")
     def stored_response(self, record: IdempotencyRecord) -> str:
         return format_html('<pre class="hc-json">{}</pre>', idempotency.display_body(record.response_body))
+
+
+# --- rate limits (hardcount.ratelimit, docs/decisions/0128-api-rate-limits.md) ---------------------------------------
+
+
+@admin.register(RateLimit)
+class RateLimitAdmin(ReadOnlyAdmin):
+    """Tenants' own limits, replacing the defaults for their keys; set with ``manage.py ratelimit``."""
+
+    list_display = ("tenant", "bucket", "per_s", "burst", "updated_at")
+    list_select_related = ("tenant",)
+    search_fields = ("tenant__id__exact",)
+    ordering = ("tenant_id", "bucket")
+
+
+@admin.register(RateLimitBucket)
+class RateLimitBucketAdmin(ReadOnlyAdmin):
+    """Each key's buckets as its last request left them; ``allowed`` off means that request was refused (429)."""
+
+    list_display = ("api_key", "bucket", "tokens_display", "allowed", "per_s", "burst", "updated_at")
+    list_filter = ("allowed", choices_filter("bucket", tuple(settings.HARDCOUNT_RATE_LIMITS), title="bucket"))
+    list_select_related = ("api_key",)
+    search_fields = ("api_key__id__exact",)
+    ordering = ("-updated_at",)
+
+    @admin.display(description="tokens left")
+    def tokens_display(self, bucket: RateLimitBucket) -> str:
+        return f"{bucket.tokens:.2f}"
+
+
+# --- the audit log (hardcount.audit) ---------------------------------------------------------------------------------
+
+
+class ActorFilter(admin.SimpleListFilter):
+    """Entries by actor: one staff user, or every command-line or API-key entry (no query over the log)."""
+
+    title = "actor"
+    parameter_name = "actor"
+    MAX_USERS = 100
+
+    def lookups(self, request, model_admin):
+        users = User.objects.filter(is_staff=True).order_by("username").values_list("pk", "username")
+        return (
+            *((f"user:{pk}", username) for pk, username in users[: self.MAX_USERS]),
+            (AuditLogEntry.CLI, "any command (cli)"),
+            (AuditLogEntry.API_KEY, "any API key"),
+        )
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        kind, _, actor_id = value.partition(":")
+        if actor_id:
+            return queryset.filter(actor_type=kind, actor_id=actor_id)
+        return queryset.filter(actor_type=kind)
+
+
+class ActionFilter(admin.SimpleListFilter):
+    """Entries by action, offering every registered action name (:func:`hardcount.audit.actions`)."""
+
+    title = "action"
+    parameter_name = "action"
+
+    def lookups(self, request, model_admin):
+        return tuple((name, name) for name in sorted(audit.registered_actions()))
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(action=self.value())
+
+
+class ObjectTypeFilter(admin.SimpleListFilter):
+    """Entries by the type of object acted on: every installed model (``app_label.model_name``)."""
+
+    title = "object type"
+    parameter_name = "object_type"
+
+    def lookups(self, request, model_admin):
+        from django.apps import apps
+
+        return tuple(sorted((m._meta.label_lower, m._meta.label_lower) for m in apps.get_models()))
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(object_type=self.value())
+
+
+@admin.register(AuditLogEntry)
+class AuditLogEntryAdmin(ReadOnlyAdmin):
+    """The audit log, newest first: no one adds, changes or deletes an entry (the database refuses it too)."""
+
+    list_display = ("created_at", "actor", "action", "object_type", "object_id", "tenant_id", "remote_addr", "message")
+    list_filter = (ActorFilter, ActionFilter, ObjectTypeFilter, ("created_at", admin.DateFieldListFilter))
+    search_fields = ("actor_id", "actor_label", "object_id", "tenant_id", "remote_addr")
+    search_help_text = "Exact actor (user id, username, key id or hint), object id, tenant id or address."
+
+    def get_search_results(self, request, queryset, search_term):
+        for term in search_term.split():
+            queryset = queryset.filter(
+                Q(actor_id=term) | Q(actor_label=term) | Q(object_id=term) | Q(tenant_id=term) | Q(remote_addr=term)
+            )
+        return queryset, False
+
+    @admin.display(description="actor")
+    def actor(self, entry: AuditLogEntry) -> str:
+        label = entry.actor_label if entry.actor_label and entry.actor_label != entry.actor_id else ""
+        return f"{entry.get_actor_type_display()} {entry.actor_id}" + (f" ({label})" if label else "")
+
+
+# Staff users and groups: Django's own admins, with their changes (passwords, permissions) in the audit log.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    pass
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+    pass

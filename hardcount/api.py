@@ -15,6 +15,8 @@ Every endpoint is an :class:`ApiView` (see ``docs/api-conventions.md``):
   (docs/decisions/0130-row-level-security.md), reset when the request ends;
 - every POST honours ``Idempotency-Key`` (:mod:`hardcount.idempotency`) with no code in
   the view;
+- every request takes a token from its key's rate-limit bucket first (:mod:`hardcount.ratelimit`;
+  429 with ``Retry-After`` when empty);
 - the OpenAPI document gets the standard error responses and the ``Idempotency-Key``
   header added by :class:`HardcountAutoSchema`.
 """
@@ -43,7 +45,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hardcount import idempotency, tenancy
+from hardcount import idempotency, ratelimit, tenancy
 from hardcount.auth import ApiKeyAuthentication
 from hardcount.errors import InvalidParameters, MalformedRequest, PayloadTooLarge, ResourceMissing
 from hardcount.ids import PREFIXES
@@ -331,7 +333,9 @@ def object_field(name: str) -> serializers.Field:
 
 
 class ErrorDetailSerializer(serializers.Serializer):
-    type = serializers.ChoiceField(choices=["invalid_request_error", "authentication_error", "api_error"])
+    type = serializers.ChoiceField(
+        choices=["invalid_request_error", "authentication_error", "rate_limit_error", "api_error"]
+    )
     code = serializers.CharField(help_text="Machine-readable code, e.g. `parameter_invalid`, `resource_missing`.")
     message = serializers.CharField(help_text="Human-readable explanation.")
     param = serializers.CharField(allow_null=True, help_text="The parameter or header at fault, if one is.")
@@ -387,7 +391,7 @@ IDEMPOTENCY_PARAMETER = OpenApiParameter(
 class HardcountAutoSchema(AutoSchema):
     """drf-spectacular schema that documents what every endpoint can answer, besides its own responses.
 
-    Adds the view's ``<method>_query`` serializer as query parameters; 401 everywhere; for
+    Adds the view's ``<method>_query`` serializer as query parameters; 401 and 429 everywhere; for
     POST the ``Idempotency-Key`` header and 400, 409, 413, 415, 422; 404 where the path has
     an id or the list takes ``starting_after``; 422 where there are query parameters.
     """
@@ -410,7 +414,7 @@ class HardcountAutoSchema(AutoSchema):
         return params
 
     def _error_codes(self) -> set[int]:
-        codes = {401}
+        codes = {401, 429}
         query = self._query_serializer()
         if self.method == "POST":
             codes |= {400, 409, 413, 415, 422}
@@ -588,10 +592,13 @@ class ApiView(APIView):
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
+        self._idempotency_claim = None
+        # After authentication, before anything is written: a refused request claims no Idempotency-Key.
+        # The buckets are the service's rows, not the tenant's: taken before the switch below.
+        ratelimit.check(request)
         # Authenticated: from here on the database enforces the key's tenant and mode too (row-level security).
         tenancy.enter(self.tenant.pk, self.livemode)
         self._tenancy_entered = True
-        self._idempotency_claim = None
         if request.method != "POST":
             return
         key = idempotency.validate_key(request.headers.get(idempotency.HEADER))
@@ -618,13 +625,16 @@ class ApiView(APIView):
         if isinstance(exc, _Replayed):
             return exc.response
         try:
-            return super().handle_exception(exc)
+            response = super().handle_exception(exc)
         except Exception:
             claim = getattr(self, "_idempotency_claim", None)
             if claim is not None:
                 self._idempotency_claim = None
                 idempotency.abandon(claim)
             raise
+        if isinstance(exc, ratelimit.RateLimited):
+            response["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)

@@ -17,7 +17,7 @@ from django.db import DatabaseError, connection, transaction
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from hardcount.metrics import role_intervals
+from hardcount.metrics import reported, role_intervals
 from hardcount.scheduler.leadership import LeaseStatus, lease_store
 
 STALE_AFTER_INTERVALS = 2
@@ -71,5 +71,6 @@ def ready(request):
             {"status": "unavailable", "database": "unreachable", "error": type(exc).__name__}, status=503
         )
     intervals = role_intervals()
+    leases = {role: lease for role, lease in leases.items() if reported(lease, intervals)}
     roles = {name: role_health(leases.get(name), intervals.get(name)) for name in sorted({*intervals, *leases})}
     return JsonResponse({"status": "ok", "database": "ok", "db_now": _iso(db_now), "roles": roles})

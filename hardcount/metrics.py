@@ -207,7 +207,7 @@ class HardcountCollector(Collector):
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL statement_timeout = '5s'")
-            leases = lease_store().lease_statuses()
+            leases = [lease for lease in lease_store().lease_statuses() if reported(lease, intervals)]
             provided = [family for provider in providers for family in provider.collect()]
         families["skew"].add_metric([], measure_clock_skew_s())
 
@@ -230,6 +230,16 @@ class HardcountCollector(Collector):
             families["is_leader"].add_metric([role], 1 if held else 0)
             if held:
                 families["holder"].add_metric([role, lease.holder], 1)
+
+
+def reported(lease: LeaseStatus, intervals: dict[str, float]) -> bool:
+    """Whether ``/metrics`` and ``/health/ready`` show ``lease``: always for a configured role, else only while held.
+
+    Leases that are not scheduler roles (a tenant's manual billing run takes one for as long as it
+    drains) would otherwise leave a series per tenant behind, reading "no leader" for good once
+    released, and fire every leader alert.
+    """
+    return lease.role in intervals or (lease.held and lease.holder is not None)
 
 
 def multiprocess_dir() -> str | None:

@@ -219,6 +219,33 @@ HARDCOUNT_MAX_REQUEST_TARGET_BYTES = _env_int("HARDCOUNT_MAX_REQUEST_TARGET_BYTE
 HARDCOUNT_MAX_HEADER_BYTES = _env_int("HARDCOUNT_MAX_HEADER_BYTES", 8192)
 HARDCOUNT_MAX_HEADERS = _env_int("HARDCOUNT_MAX_HEADERS", 100)
 
+# API rate limits per key (hardcount.ratelimit, docs/decisions/0128-api-rate-limits.md): one token bucket per
+# key and bucket name in PostgreSQL, shared by every worker and replica. A bucket holds at most ``burst``
+# tokens and refills at ``per_s`` tokens a second; each request takes one or is answered 429 with
+# Retry-After. GET, HEAD and OPTIONS are reads, other methods writes; a route of HARDCOUNT_RATE_LIMIT_ROUTES
+# ("METHOD /path" as routed) takes from its own bucket instead. A tenant's RateLimit rows
+# replace these defaults for its keys (manage.py ratelimit). HARDCOUNT_RATE_LIMIT=0 turns limiting off.
+HARDCOUNT_RATE_LIMIT = _env_bool("HARDCOUNT_RATE_LIMIT", True)
+HARDCOUNT_RATE_LIMITS = {
+    "read": {
+        "per_s": _env_float("HARDCOUNT_RATE_LIMIT_READ_PER_S", 100),
+        "burst": _env_int("HARDCOUNT_RATE_LIMIT_READ_BURST", 400),
+    },
+    "write": {
+        "per_s": _env_float("HARDCOUNT_RATE_LIMIT_WRITE_PER_S", 50),
+        "burst": _env_int("HARDCOUNT_RATE_LIMIT_WRITE_BURST", 200),
+    },
+    # A billing run drains every due subscription of the tenant: a few a minute is plenty.
+    "billing_run": {
+        "per_s": _env_float("HARDCOUNT_RATE_LIMIT_BILLING_RUN_PER_S", 0.05),
+        "burst": _env_int("HARDCOUNT_RATE_LIMIT_BILLING_RUN_BURST", 5),
+    },
+}
+HARDCOUNT_RATE_LIMIT_ROUTES = {"POST /v1/billing/run": "billing_run"}
+for _bucket, _limit in HARDCOUNT_RATE_LIMITS.items():
+    if not (_limit["per_s"] > 0 and _limit["burst"] >= 1):
+        raise RuntimeError(f"Rate limit {_bucket!r} needs per_s > 0 and burst >= 1, got {_limit}")
+
 # Outbound requests made on a tenant's behalf (webhook deliveries) reach public addresses only
 # (hardcount.outbound, docs/decisions/0123-outbound-requests-policy.md). These local targets may be
 # reached anyway: comma-separated host:port, IPv6 hosts in brackets. Empty by default, as in
@@ -256,6 +283,11 @@ SPECTACULAR_SETTINGS = {
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_hardcount_localstripe")
 STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
 HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
+# Past this long after a payment attempt's key was first sent, the attempt is resolved by looking
+# its PaymentIntent up, never by a re-send: Stripe forgets a key after 24 h (decision 0129).
+HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S = _env_float("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", 23 * 3600)
+if not 0 < HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S < 24 * 3600:
+    raise ImproperlyConfigured("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S must lie between 0 and 86400 (Stripe's 24 h)")
 
 # Billing.
 HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)

@@ -14,7 +14,10 @@ The migrations build their SQL with :func:`create_role_sql`, :func:`enable_sql` 
 
 from __future__ import annotations
 
-from django.db import DatabaseError, connections
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DatabaseError, connections, transaction
 
 # NOLOGIN, no BYPASSRLS: reachable only by ``SET ROLE`` from the connecting role.
 TENANT_ROLE = "hardcount_tenant"
@@ -30,6 +33,8 @@ _LIVEMODE = f"NULLIF(current_setting('{LIVEMODE_SETTING}', true), '')::boolean"
 OWN_ROWS = f"tenant_id = {_TENANT} AND livemode = {_LIVEMODE}"
 #: The policy condition of ``hardcount_tenant``: the caller's own tenant row only.
 OWN_TENANT = f"id = {_TENANT}"
+#: The policy condition of a table whose rows carry the tenant but no mode (the audit log).
+OWN_TENANT_ROWS = f"tenant_id = {_TENANT}"
 
 
 def through_parent(table: str, foreign_key: str, parent_table: str) -> str:
@@ -127,6 +132,34 @@ def leave(using: str = "default") -> None:
         connection.close()
 
 
+@contextmanager
+def cross_tenant(using: str = "default") -> Iterator[None]:
+    """Run the block as the connecting role (the cross-tenant owner), then as before.
+
+    For the few steps of a request that read or write rows no tenant owns (a manual run's leader
+    lease). Outside a request it changes nothing. The switch is ``SET LOCAL ROLE NONE`` in a
+    transaction (the caller's, or one opened here), and the tenant role is set back with ``SET
+    LOCAL`` at the end: should that fail, the transaction is aborted, and its rollback restores
+    the session's tenant role by itself. So an error can never leave the request as the owner.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_user = %s", [TENANT_ROLE])
+        switched = cursor.fetchone()[0]
+    if not switched:
+        yield
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL ROLE NONE")
+        try:
+            yield
+        finally:
+            if not connection.needs_rollback:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET LOCAL ROLE {TENANT_ROLE}")
+
+
 def current_role(using: str = "default") -> str:
     """The role the connection ``using`` runs its queries as (``current_user``)."""
     with connections[using].cursor() as cursor:
@@ -138,9 +171,11 @@ __all__ = [
     "LIVEMODE_SETTING",
     "OWN_ROWS",
     "OWN_TENANT",
+    "OWN_TENANT_ROWS",
     "TENANT_ROLE",
     "TENANT_SETTING",
     "create_role_sql",
+    "cross_tenant",
     "current_role",
     "disable_sql",
     "drop_grants_sql",

@@ -167,6 +167,7 @@ def run_checks(
     Parameters available to the SQL: ``reaper_interval_s`` (seconds a delivery claim may stay
     expired before the reaper must have re-queued it; default 60), ``unknown_after_s``
     (seconds a payment attempt may stay ``unknown``; default :func:`default_unknown_after_s`)
+    ``unknown_after_prefix`` (the id time prefix of now minus ``unknown_after_s``),
     ``retention_prefix`` (the id time prefix of the oldest event whose deliveries are
     still kept: now minus ``retention_days``, default
     ``settings.HARDCOUNT_OUTBOX_RETENTION_DAYS`` or 30), and ``minimum_charge_currencies`` /
@@ -198,6 +199,7 @@ def run_checks(
             "reaper_interval_s": float(reaper_interval_s),
             "unknown_after_s": float(unknown_after_s),
             "retention_prefix": _time_prefix(now_ms - int(retention_days * 86_400_000)),
+            "unknown_after_prefix": _time_prefix(now_ms - int(unknown_after_s * 1000)),
             "max_examples": int(max_examples),
             "minimum_charge_currencies": [code for code, _ in _MINIMUM_CHARGE],
             "minimum_charge_amounts": [amount for _, amount in _MINIMUM_CHARGE],

@@ -7,6 +7,7 @@ does: a new delivery of the same event, with its own attempts.
 
 from django.contrib import admin, messages
 
+from hardcount import audit
 from hardcount.admin import (
     ReadOnlyAdmin,
     ReadOnlyInline,
@@ -19,6 +20,10 @@ from hardcount.admin import (
 from hardcount.errors import ServiceError
 from outbox.models import Delivery, DeliveryAttempt, Event, WebhookEndpoint
 from outbox.services import EVENT_TYPES, replay_delivery
+
+# Each replay is recorded in the audit log, one entry per delivery with its outcome (hardcount.audit).
+REPLAY = "delivery.replay"
+AUDIT_ACTIONS = audit.actions(REPLAY)
 
 
 @admin.register(Event)
@@ -116,12 +121,19 @@ class DeliveryAdmin(ReadOnlyAdmin):
         replayed, refused = 0, []
         for delivery in rows:
             try:
-                replay_delivery(
+                replay = replay_delivery(
                     tenant_id=delivery.event.tenant_id, livemode=delivery.event.livemode, delivery_id=delivery.id
                 )
                 replayed += 1
             except ServiceError as exc:
                 refused.append(f"{delivery.id}: {exc.message}")
+                self.record_action(
+                    request, REPLAY, delivery, f"Refused: {exc.message}", tenant_id=delivery.event.tenant_id
+                )
+                continue
+            self.record_action(
+                request, REPLAY, delivery, f"Replayed as {replay.id}.", tenant_id=delivery.event.tenant_id
+            )
         self.message_user(request, f"Replayed {replayed} deliver{'y' if replayed == 1 else 'ies'}.")
         for reason in refused:
             self.message_user(request, reason, level=messages.WARNING)

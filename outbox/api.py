@@ -6,10 +6,12 @@ Shapes come from :mod:`outbox.representations`; input is validated by
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 
+from hardcount import audit
 from hardcount.api import ERROR, ApiView, is_id, list_of
 from hardcount.errors import ResourceMissing
 from outbox import serializers as s
@@ -18,6 +20,9 @@ from outbox.models import Delivery, Event, WebhookEndpoint
 from outbox.representations import delivery_data, event_data, webhook_endpoint_data
 
 ID_PATH = OpenApiParameter("id", str, OpenApiParameter.PATH, description="The object's id.")
+# Endpoint changes are recorded in the audit log with the key that made them (hardcount.audit); never the secret.
+CREATED, UPDATED, DELETED = "webhook_endpoint.created", "webhook_endpoint.updated", "webhook_endpoint.deleted"
+AUDIT_ACTIONS = audit.actions(CREATED, UPDATED, DELETED)
 
 
 def _endpoints(view: ApiView):
@@ -65,14 +70,17 @@ class WebhookEndpointListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.WebhookEndpointCreateBody)
-        endpoint, secret = services.create_webhook_endpoint(
-            tenant_id=self.tenant.pk,
-            livemode=self.livemode,
-            url=data["url"],
-            enabled_events=data["enabled_events"],
-            description=data["description"],
-            public_only=True,
-        )
+        with transaction.atomic():
+            endpoint, secret = services.create_webhook_endpoint(
+                tenant_id=self.tenant.pk,
+                livemode=self.livemode,
+                url=data["url"],
+                enabled_events=data["enabled_events"],
+                description=data["description"],
+                public_only=True,
+            )
+            message = f"Created for {audit.redacted_url(endpoint.url)} ({', '.join(endpoint.enabled_events)})."
+            audit.record(CREATED, obj=endpoint, request=request, message=message)
         return Response(webhook_endpoint_data(endpoint, secret=secret), status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -111,9 +119,12 @@ class WebhookEndpointDetailView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.WebhookEndpointUpdateBody)
         self.get_scoped(_endpoints(self), id, kind="webhook_endpoint")
-        endpoint = services.update_webhook_endpoint(
-            tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id, public_only=True, **data
-        )
+        with transaction.atomic():
+            endpoint = services.update_webhook_endpoint(
+                tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id, public_only=True, **data
+            )
+            message = f"Changed {', '.join(sorted(data)) or 'nothing'}; url {audit.redacted_url(endpoint.url)}."
+            audit.record(UPDATED, obj=endpoint, request=request, message=message)
         return Response(webhook_endpoint_data(endpoint))
 
     @extend_schema(
@@ -127,7 +138,13 @@ class WebhookEndpointDetailView(ApiView):
     )
     def delete(self, request, id):
         self.get_scoped(_endpoints(self), id, kind="webhook_endpoint")
-        endpoint = services.delete_webhook_endpoint(tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id)
+        with transaction.atomic():
+            endpoint = services.delete_webhook_endpoint(
+                tenant_id=self.tenant.pk, livemode=self.livemode, endpoint_id=id
+            )
+            audit.record(
+                DELETED, obj=endpoint, request=request, message=f"Deleted ({audit.redacted_url(endpoint.url)})."
+            )
         return Response({"id": endpoint.id, "object": "webhook_endpoint", "deleted": True})
 
 

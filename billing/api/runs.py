@@ -1,4 +1,4 @@
-"""Billing runs over HTTP: drain now, run history, retry-billing, a subscription's billing attempts.
+"""Billing runs over HTTP: drain now (in the background), run history, retry-billing, a subscription's billing attempts.
 
 A tenant sees its own runs (``POST /v1/billing/run``, test-clock advances) and the scheduler's
 runs over all tenants that attempted at least one of its subscriptions, with counts restricted
@@ -14,7 +14,8 @@ from rest_framework.response import Response
 from billing.api import schemas as s
 from billing.models import BillingAttempt, BillingRun, Subscription
 from billing.representations import billing_attempt_data, billing_run_data
-from billing.services.drain import drain_due, retry_billing
+from billing.services.drain import retry_billing
+from billing.services.manual_runs import resume_if_stalled, start_manual_run
 from hardcount.api import ApiView, id_path_parameter, is_id, list_of
 from hardcount.errors import ResourceMissing
 
@@ -54,16 +55,18 @@ class BillingRunCreateView(ApiView):
     @extend_schema(
         operation_id="billing_run_create",
         summary="Bill your due subscriptions now",
-        description="Drains the calling tenant's due subscriptions of the key's mode, page after page, and returns "
-        "the finished run with its counts. Subscriptions waiting on the retry ladder, parked ones, and ones on "
-        "a test clock are not billed (advance the clock instead).",
+        description="Starts draining the calling tenant's due subscriptions of the key's mode and returns the run at "
+        "once, `running`; the drain goes on in the background, page after page. Retrieve the run to follow its "
+        "counts (saved after every page) until it is `completed` (or `failed`). While a run of the tenant and mode is "
+        "`running`, this returns that run instead of starting another. Subscriptions waiting on the retry ladder, "
+        "parked ones, and ones on a test clock are not billed (advance the clock instead).",
         tags=["billing"],
         request=s.Empty,
         responses={200: s.BillingRun},
     )
     def post(self, request):
         self.read_body(s.Empty)
-        run = drain_due(livemode=self.livemode, trigger=BillingRun.MANUAL, tenant_id=self.tenant.pk)
+        run, _ = start_manual_run(tenant_id=self.tenant.pk, livemode=self.livemode)
         return Response(billing_run_data(run))
 
 
@@ -91,7 +94,10 @@ class BillingRunDetailView(_RunsMixin, ApiView):
         responses=s.BillingRun,
     )
     def get(self, request, id):
-        return Response(_render_run(self.get_run(id)))
+        run = self.get_run(id)
+        # A client polling a manual run whose process died carries it on (billing/services/manual_runs.py).
+        resume_if_stalled(run)
+        return Response(_render_run(run))
 
 
 class SubscriptionRetryBillingView(ApiView):

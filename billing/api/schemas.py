@@ -78,7 +78,11 @@ class BillingRun(serializers.Serializer):
         help_text="`all_tenants`: a scheduler run; its counts are your subscriptions' only and `pages` is null.",
     )
     test_clock = serializers.CharField(allow_null=True)
-    status = serializers.ChoiceField(choices=billing_models.BillingRun.Status.values)
+    status = serializers.ChoiceField(
+        choices=billing_models.BillingRun.Status.values,
+        help_text="`running` while it drains (its counts are saved page by page), then `completed` or `failed`; "
+        "`abandoned`: a scheduler run whose process stopped.",
+    )
     as_of = serializers.DateTimeField(help_text="The billing time: the database's now(), or the test clock's time.")
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)

@@ -1,6 +1,7 @@
 """Payment attempts: every call to the gateway for an invoice, kept as durable history."""
 
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from hardcount.ids import id_field
@@ -16,7 +17,11 @@ class PaymentAttempt(TenantScoped):
     error, ``decline_code`` set), ``unknown`` (timeout or lost response: resolved later
     by retrieving the PaymentIntent) or ``error`` (the gateway refused or failed).
     ``settled_without_charge`` marks zero-amount and below-minimum invoices settled
-    without a call.
+    without a call. ``first_sent_at`` is when the attempt's key was first sent (the
+    database's clock at the reservation's INSERT; null for attempts reserved before it was recorded) and
+    ``payment_intent_status`` the status its PaymentIntent last answered: together they
+    decide whether an open attempt may be re-sent under its key or must be looked up
+    (docs/reference/billing.md#idempotency-keys-expire).
     """
 
     SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
@@ -38,6 +43,11 @@ class PaymentAttempt(TenantScoped):
     # (see :func:`billing.gateway.is_transient_status`).
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)
     settled_without_charge = models.BooleanField(default=False)
+    # Stripe forgets a key 24 hours after its first use: past a safe window the attempt is never
+    # re-sent under it (billing.services.payments.must_look_up). The database's clock, set by the
+    # INSERT, so a re-send (which moves started_at) cannot make the key look younger.
+    first_sent_at = models.DateTimeField(null=True, blank=True, db_default=Now())
+    payment_intent_status = models.CharField(max_length=32, blank=True, default="")
     started_at = models.DateTimeField(default=timezone.now)
     completed_at = models.DateTimeField(default=timezone.now)
 

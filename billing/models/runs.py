@@ -13,7 +13,9 @@ class BillingRun(models.Model):
     ``tenant`` is null for a scheduler run over every tenant; ``test_clock`` is set for a
     run driven by a clock's advance. Counts: ``pages`` claimed, subscriptions
     ``attempted``, ``billed`` (an invoice was closed: paid, declined into dunning, or
-    waiting on tax) and ``failed`` (the period did not advance).
+    waiting on tax) and ``failed`` (the period did not advance), saved after every page. A
+    manual run of ``POST /v1/billing/run`` is drained in the background under the leader lease
+    named by ``lease_role``.
     """
 
     class Trigger(WordChoices):
@@ -52,8 +54,12 @@ class BillingRun(models.Model):
     billed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
-    # Fencing token of the leader lease the run ran under (null for manual runs).
+    # Fencing token of the leader lease the run ran under (null for runs their caller drains itself:
+    # a retry-billing, a test clock's advance).
     lease_token = models.BigIntegerField(null=True, blank=True)
+    # The leader lease a manual run drains under in the background, ``manual:{tenant}:{mode}``
+    # (billing/services/manual_runs.py); blank for every other run (a scheduler run's is ``billing``).
+    lease_role = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["tenant", "livemode", "started_at"], name="billing_run_tenant_idx")]

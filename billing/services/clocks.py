@@ -33,17 +33,16 @@ from datetime import UTC, datetime
 from dateutil.relativedelta import relativedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
-from django.db.models import Max
 
 from billing.events import test_clock_event
 from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
 from billing.models.subscriptions import BILLABLE_STATUSES
 from billing.services import dunning_pass
 from billing.services.drain import drain_due
-from billing.services.payments import in_flight_window
+from billing.services.payments import charges_in_flight, in_flight_window
 from dunning import services as dunning_services
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
-from hardcount.times import database_now, iso
+from hardcount.times import iso
 
 log = logging.getLogger("billing.clocks")
 
@@ -313,27 +312,28 @@ def _walk(clock: TestClock) -> None:
 
 
 def _wait_out_payments_in_flight(clock: TestClock) -> None:
-    """Wait until no payment of the clock's invoices is in flight (``unknown``, younger than the window).
+    """Wait while another session sends a payment of the clock's invoices (holds its charge lock), at most
+    the in-flight window.
 
-    Only a walker that died mid-charge leaves such a payment behind: until the in-flight window
-    (:func:`billing.services.payments.in_flight_window`, wall-clock) has passed, the drain skips its
-    subscription as "being charged elsewhere", and a resumed walk would leave that period unbilled.
-    After the window the drain re-sends the attempt under its own idempotency key.
+    The attempts of a clock are dated by the clock, so in flight is what their charge locks say
+    (:func:`billing.services.payments.charging`): a walker that died mid-charge freed its locks with
+    its connection, and the drain re-sends its attempts under their own keys at once. A live sender
+    (``POST /v1/invoices/{id}/pay``, the reconciler) finishes within the window
+    (:func:`billing.services.payments.in_flight_window`, on the monotonic clock); until then the
+    drain would skip its subscription as "being charged elsewhere".
     """
-    window = in_flight_window()
+    deadline = time.monotonic() + in_flight_window().total_seconds()
     while True:
-        with transaction.atomic():
-            now = database_now()
-            latest = PaymentAttempt.objects.filter(
-                outcome=PaymentAttempt.UNKNOWN,
-                invoice__subscription__test_clock_id=clock.id,
-                started_at__gt=now - window,
-            ).aggregate(latest=Max("started_at"))["latest"]
-        if latest is None:
+        unknown = list(
+            PaymentAttempt.objects.filter(
+                outcome=PaymentAttempt.UNKNOWN, invoice__customer__test_clock_id=clock.id
+            ).values_list("invoice_id", flat=True)
+        )
+        in_flight = charges_in_flight(unknown)
+        if not in_flight or time.monotonic() >= deadline:
             return
-        wait_s = (latest + window - now).total_seconds()
-        log.info("test clock %s waits %.1f s for a payment left in flight by a stopped walk", clock.id, wait_s)
-        time.sleep(max(wait_s, 0.0) + 0.05)
+        log.info("test clock %s waits for %d payment(s) another session is sending", clock.id, len(in_flight))
+        time.sleep(0.05)
 
 
 def _process_instant(clock: TestClock, instant: datetime) -> bool:

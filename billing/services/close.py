@@ -37,7 +37,9 @@ from billing.services.payments import (
     PaymentInFlight,
     act_on_paid_locked,
     advance_period_locked,
+    attempt_time,
     billing_time,
+    charging,
     clear_failure_state,
     is_current_period,
     needs_no_charge,
@@ -46,7 +48,6 @@ from billing.services.payments import (
     save_failure_locked,
     send,
     settle_without_charge_locked,
-    wall_clock_now,
     write_billing_attempt,
 )
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
@@ -110,16 +111,17 @@ def close_subscription_period(
             hooks.after_charge(prepared, result)
         return _record(prepared, result, run=run, as_of=as_of, fence=fence, manual_retry=manual_retry)
 
-    return _guarded(
-        steps,
-        subscription_id,
-        periods_billed=periods_billed,
-        run=run,
-        as_of=as_of,
-        test_clock_id=test_clock_id,
-        fence=fence,
-        manual_retry=manual_retry,
-    )
+    with charging():
+        return _guarded(
+            steps,
+            subscription_id,
+            periods_billed=periods_billed,
+            run=run,
+            as_of=as_of,
+            test_clock_id=test_clock_id,
+            fence=fence,
+            manual_retry=manual_retry,
+        )
 
 
 def record_charge(
@@ -288,8 +290,12 @@ def _prepare(
             write_billing_attempt(run, sub.id, outcome, now=now)
             return outcome
         try:
-            wall_now = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
-            plan = reserve_attempt_locked(invoice, customer, now=wall_now, first_attempt=bool(inserted))
+            plan = reserve_attempt_locked(
+                invoice,
+                customer,
+                now=attempt_time(now, test_clock_id=test_clock_id, as_of=as_of),
+                first_attempt=bool(inserted),
+            )
         except PaymentInFlight as exc:
             outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=exc.message)
             write_billing_attempt(run, sub.id, outcome, now=now)

@@ -10,7 +10,8 @@ invoice it follows (docs/decisions/0120).
   finalised) to the customer's *current* default payment method through the three steps of
   :mod:`billing.services.payments`: a new attempt confirms the invoice's PaymentIntent under its
   own key ``hc:{invoice}:attempt:{n}``, or an attempt whose outcome is still unresolved is
-  re-sent under its own key (docs/reference/billing.md). A decline continues the invoice's
+  re-sent under its own key, or looked up once that key may have expired
+  (docs/reference/billing.md#idempotency-keys-expire). A decline continues the invoice's
   dunning run (``dunning.services.start_dunning``), a success ends it as recovered, a gateway
   failure puts it off (``dunning.services.retry_failed_locked``).
 - :func:`mark_uncollectible` settles an invoice whose retries are exhausted: ``uncollectible``,
@@ -34,7 +35,9 @@ from billing.services.payments import (
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
+    attempt_time,
     billing_time,
+    charging,
     clear_failure_state,
     in_flight_window,
     invoice_clock_id,
@@ -90,10 +93,15 @@ def retry_invoice_payment(
     is told why in the same transaction, when the invoice is not open (``NOT_OPEN``: the run
     ends), its subscription is canceled (``SUBSCRIPTION_CANCELED``: the run ends), or an attempt
     is in flight (``IN_FLIGHT``, an ``unknown`` attempt younger than the in-flight window: the
-    run is put off by that window; an older one is re-sent under its own key). Never raises for
+    run is put off by that window; an older one is re-sent under its own key, or looked up). Never raises for
     a gateway failure (that is an ``error`` or ``unknown`` outcome); raises
     :class:`~hardcount.fencing.LeaseLost` when the fence refuses a write.
     """
+    with charging():
+        return _retry_charging(invoice_id, run_id=run_id, as_of=as_of, fence=fence)
+
+
+def _retry_charging(invoice_id: str, *, run_id: str, as_of: datetime | None, fence: Fence) -> CollectionResult:
     with transaction.atomic():
         fence.check()
         subscription, invoice = _lock(invoice_id)
@@ -102,15 +110,17 @@ def retry_invoice_payment(
             _skipped_locked(run_id, skip, invoice.status, as_of=as_of)
             return CollectionResult(skip, invoice.status)
         customer = customer_locked(invoice.customer_id)
+        clock_id = invoice_clock_id(invoice, subscription)
         if needs_no_charge(invoice):
             # Not reachable for a declined invoice (its amount was charged once); settled like
             # POST /v1/invoices/{id}/pay would, for completeness.
-            now = billing_time(invoice_clock_id(invoice, subscription), as_of)
+            now = billing_time(clock_id, as_of)
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(subscription, invoice, now=now)
             return CollectionResult(CollectionKind.CHARGED, invoice.status, Outcome(OutcomeKind.BILLED, invoice.id))
+        attempted_at = attempt_time(billing_time(clock_id, as_of), test_clock_id=clock_id, as_of=as_of)
         try:
-            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+            plan = reserve_attempt_locked(invoice, customer, now=attempted_at)
         except PaymentInFlight:
             _skipped_locked(run_id, CollectionKind.IN_FLIGHT, invoice.status, as_of=as_of)
             return CollectionResult(CollectionKind.IN_FLIGHT, invoice.status)

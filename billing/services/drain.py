@@ -22,7 +22,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 
 from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
@@ -36,13 +36,15 @@ from billing.services.payments import (
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
+    attempt_time,
     billing_time,
+    charging,
     in_flight_window,
     is_current_period,
+    is_open,
     needs_no_charge,
     record_outcome,
     reserve_attempt_locked,
-    reuses_key,
     send,
     settle_without_charge_locked,
 )
@@ -76,6 +78,7 @@ def drain_due(
     concurrency: int | None = None,
     fence: Fence = NO_FENCE,
     on_page: Callable[[BillingRun], None] | None = None,
+    run: BillingRun | None = None,
 ) -> BillingRun:
     """Bill every due subscription of one mode (optionally one tenant, or one test clock) and return the run.
 
@@ -84,7 +87,11 @@ def drain_due(
     unless ``as_of`` is given), and wall-clock drains never touch clock subscriptions.
     ``fence.alive()`` is consulted before each page and each subscription (safe points), and
     ``fence.check()`` runs inside every write transaction. ``on_page(run)`` is called after each
-    page with the counts so far (the liveness stamp). Returns the :class:`BillingRun`
+    page with the counts so far (the liveness stamp). ``run``: a ``running`` run to carry on
+    instead of starting one (a manual run in the background, :mod:`billing.services.manual_runs`):
+    it takes ``fence``'s token, its counts are recounted from its billing attempts, and the
+    subscriptions it attempted already are not attempted again; one that is no longer
+    ``running`` is returned as it is. Returns the :class:`BillingRun`
     (``completed``, or ``failed`` with ``error`` when a database error ended it). Raises
     :class:`LeaseLost` when the lease is lost: the run then stops writing at once and stays as
     it was last written.
@@ -96,15 +103,27 @@ def drain_due(
     if test_clock_id and as_of is None:
         as_of = TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
 
-    run = _start_run(
-        livemode=livemode, trigger=trigger, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
-    )
     # SQL exclude list: attempted subscriptions still due after their attempt
     # (docs/reference/billing.md#exclude-list). Every
     # attempted id is also remembered here, so one that becomes due again later in the run (its
     # next period starts meanwhile) is excluded when a claim returns it, not closed twice.
     exclude: list[str] = []
     attempted: set[str] = set()
+    if run is None:
+        run = _start_run(
+            livemode=livemode,
+            trigger=trigger,
+            tenant_id=tenant_id,
+            test_clock_id=test_clock_id,
+            as_of=as_of,
+            fence=fence,
+        )
+    else:
+        carried_on = _carry_on(run, fence=fence, as_of=as_of)
+        if carried_on is None:
+            return BillingRun.objects.get(pk=run.pk)
+        attempted.update(carried_on[0])
+        exclude.extend(carried_on[1])
 
     def close(item: tuple[str, int]) -> Outcome:
         if not fence.alive():
@@ -150,9 +169,9 @@ def drain_due(
             attempted.update(subscription_id for subscription_id, _ in page)
             run.pages += 1
             lease_lost = None
-            for result in _close_page(
-                page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
-            ):
+            with charging():
+                results = _close_page(page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+            for result in results:
                 if isinstance(result, _Abandoned | LeaseLost):
                     lease_lost = result
                     continue
@@ -205,6 +224,31 @@ def _start_run(
         )
 
 
+def _carry_on(run: BillingRun, *, fence: Fence, as_of: datetime | None) -> tuple[list[str], list[str]] | None:
+    """Take over a ``running`` run under ``fence`` (its token and its counts so far, from its billing attempts).
+
+    Returns the subscriptions the run attempted already and those of them still due (its exclude
+    list so far), or None when the run is no longer ``running``. ``run`` is updated in memory.
+    """
+    with transaction.atomic():
+        fence.check()
+        current = BillingRun.objects.select_for_update().filter(pk=run.pk, status=BillingRun.Status.RUNNING).first()
+        if current is None:
+            return None
+        counts = current.attempts.aggregate(
+            attempted=Count("id"),
+            billed=Count("id", filter=Q(outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
+            failed=Count("id", filter=Q(outcome=BillingAttempt.Outcome.FAILED)),
+        )
+        run.attempted, run.billed, run.failed = counts["attempted"], counts["billed"], counts["failed"]
+        run.pages, run.lease_token = current.pages, fence.token
+        BillingRun.objects.filter(pk=run.pk).update(
+            attempted=run.attempted, billed=run.billed, failed=run.failed, lease_token=run.lease_token
+        )
+        attempted = list(current.attempts.values_list("subscription_id", flat=True).distinct())
+        return attempted, still_due(attempted, as_of=as_of)
+
+
 def _save_counts(run: BillingRun, fence: Fence) -> None:
     with transaction.atomic():
         fence.check()
@@ -222,7 +266,9 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
             run.finished_at = database_now()
             run.save()
             if run.tenant_id:
-                billing_run_event(run, "billing_run.completed", created_at=run.finished_at)
+                # A test clock's run is one of the clock's objects: its event is dated by the clock.
+                created_at = run.as_of if run.test_clock_id else run.finished_at
+                billing_run_event(run, "billing_run.completed", created_at=created_at)
     except LeaseLost:
         raise
     except DatabaseError:
@@ -410,10 +456,12 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
     1. Draft invoices with ``tax_status=pending``: finalise and charge them once the tax
        provider answers (the pass stops at the first one it still cannot tax).
     2. Open invoices whose latest attempt is ``unknown`` (a timeout, a reset, a process that
-       died between charge and record) and older than the in-flight window: re-send it under
-       the same key and record what the gateway says. Transient errors on invoices whose period
-       has already advanced are re-sent the same way; those of a subscription still on that
-       period are left to the retry ladder.
+       died between charge and record, a PaymentIntent processing) and older than the in-flight
+       window (on a test clock: whose charge lock nobody holds): re-send it under the same key, or
+       look its PaymentIntent up when it is processing or its key may have expired
+       (:func:`billing.services.payments.must_look_up`), and record what the gateway says.
+       Transient errors on invoices whose period has already advanced are resolved the same way;
+       those of a subscription still on that period are left to the retry ladder.
 
     At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
     ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
@@ -440,11 +488,14 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
         Q(http_status__isnull=True) | Q(http_status__in=[409, 429]) | Q(http_status__gte=500)
     )
     ladder_owned = Q(outcome=PaymentAttempt.ERROR, invoice__period_start=F("invoice__subscription__next_billing_at"))
+    # A test clock's attempt is dated by the clock, not the wall clock: whether it is still in
+    # flight is its charge lock's to say (the reservation below skips one that is).
+    sent_before_cutoff = Q(started_at__lt=cutoff) | Q(invoice__customer__test_clock__isnull=False)
     candidates = (
         PaymentAttempt.objects.filter(
+            sent_before_cutoff,
             Q(outcome=PaymentAttempt.UNKNOWN) | transient_error,
             livemode=livemode,
-            started_at__lt=cutoff,
             invoice__status=Invoice.OPEN,
             settled_without_charge=False,
         )
@@ -465,6 +516,11 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
 
 def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
     """``finalized`` (and charged), ``pending`` (provider still down) or ``skipped``."""
+    with charging():
+        return _reconcile_tax_charging(invoice_id, fence)
+
+
+def _reconcile_tax_charging(invoice_id: str, fence: Fence) -> str:
     with transaction.atomic():
         fence.check()
         invoice = Invoice.objects.filter(pk=invoice_id).only("subscription_id").first()
@@ -475,7 +531,8 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
         )
         if invoice is None or invoice.status != Invoice.DRAFT or invoice.tax_status != Invoice.TAX_PENDING:
             return "skipped"
-        now = billing_time(sub.test_clock_id if sub else None)
+        clock_id = sub.test_clock_id if sub else None
+        now = billing_time(clock_id)
         if not finalize_or_pend_locked(invoice, now=now):
             return "pending"
         customer = customer_locked(invoice.customer_id)
@@ -483,7 +540,7 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
             settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
             return "finalized"
-        plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        plan = reserve_attempt_locked(invoice, customer, now=attempt_time(now, test_clock_id=clock_id, as_of=None))
         if plan.known_result is not None:
             record_outcome(plan, plan.known_result, fence=fence)
             return "finalized"
@@ -492,7 +549,12 @@ def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
 
 
 def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
-    """Re-send an unresolved attempt under its key; True resolved, False still unresolved, None skipped."""
+    """Re-send an unresolved attempt under its key, or look it up; True resolved, False unresolved, None skipped."""
+    with charging():
+        return _reconcile_payment_charging(attempt, fence)
+
+
+def _reconcile_payment_charging(attempt: PaymentAttempt, fence: Fence) -> bool | None:
     with transaction.atomic():
         fence.check()
         sub, invoice = subscription_and_invoice_locked(
@@ -501,13 +563,14 @@ def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:
         if invoice is None or invoice.status != Invoice.OPEN:
             return None
         latest = invoice.payment_attempts.order_by("-attempt_number").first()
-        if latest is None or latest.pk != attempt.pk or not reuses_key(latest):
+        if latest is None or latest.pk != attempt.pk or not is_open(latest):
             return None
         if latest.outcome == PaymentAttempt.ERROR and sub is not None and is_current_period(sub, invoice):
             return None  # the retry ladder owns it
         customer = customer_locked(invoice.customer_id)
+        now = attempt_time(billing_time(customer.test_clock_id), test_clock_id=customer.test_clock_id, as_of=None)
         try:
-            plan = reserve_attempt_locked(invoice, customer, now=database_now())
+            plan = reserve_attempt_locked(invoice, customer, now=now)
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)

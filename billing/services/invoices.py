@@ -20,7 +20,9 @@ from billing.services.payments import (
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
+    attempt_time,
     billing_time,
+    charging,
     invoice_clock_id,
     needs_no_charge,
     record_outcome,
@@ -31,7 +33,6 @@ from billing.services.payments import (
 from dunning import services as dunning_services
 from hardcount.errors import NotFoundError, StateConflictError
 from hardcount.fencing import NO_FENCE, Fence
-from hardcount.times import database_now
 
 
 class InvoiceStateError(StateConflictError):
@@ -67,6 +68,13 @@ def pay_invoice(
     :class:`InvoiceStateError` (409: not open; a draft waiting for tax) and
     :class:`PaymentInFlight` (409: an attempt is being sent right now).
     """
+    with charging():
+        return _pay_charging(invoice_id, tenant_id=tenant_id, livemode=livemode, fence=fence)
+
+
+def _pay_charging(
+    invoice_id: str, *, tenant_id: str, livemode: bool, fence: Fence
+) -> tuple[Invoice, PaymentAttempt | None, Outcome]:
     with transaction.atomic():
         fence.check()
         invoice, sub = _lock_invoice_and_subscription(invoice_id, tenant_id=tenant_id, livemode=livemode)
@@ -76,12 +84,13 @@ def pay_invoice(
                 f"Invoice {invoice.id} is {invoice.status}{detail}; only open invoices can be paid."
             )
         customer = customer_locked(invoice.customer_id)
-        now = billing_time(invoice_clock_id(invoice, sub))
+        clock_id = invoice_clock_id(invoice, sub)
+        now = billing_time(clock_id)
         if needs_no_charge(invoice):
             attempt = settle_without_charge_locked(invoice, customer, now=now)
             act_on_paid_locked(sub, invoice, now=now)
             return invoice, attempt, Outcome(OutcomeKind.BILLED, invoice.id)
-        plan = reserve_attempt_locked(invoice, customer, now=database_now())
+        plan = reserve_attempt_locked(invoice, customer, now=attempt_time(now, test_clock_id=clock_id, as_of=None))
         if plan.known_result is not None:
             outcome = record_outcome(plan, plan.known_result, fence=fence)
             return Invoice.objects.get(pk=invoice.pk), PaymentAttempt.objects.get(pk=plan.attempt_id), outcome

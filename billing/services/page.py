@@ -59,6 +59,7 @@ from billing.services.payments import (
     Outcome,
     OutcomeKind,
     apply_result,
+    attempt_time,
     billing_time,
     is_current_period,
     mark_paid,
@@ -67,7 +68,7 @@ from billing.services.payments import (
     note_gateway_ids,
     paid_changes,
     plan_for,
-    wall_clock_now,
+    take_charge_locks,
 )
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
@@ -110,15 +111,18 @@ def prepare_page(
     ``items`` are the page's claimed ``(subscription id, periods_billed)``; ``as_of`` and
     ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
     their invoice finalised and their first attempt reserved, committed; ``others`` (in page
-    order) were left untouched for the per-close path. Raises the database's error (nothing of the
-    batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the fence refuses.
+    order) were left untouched for the per-close path. On a test clock the charge lock of each
+    prepared invoice is taken on this session (:func:`~billing.services.payments.take_charge_locks`):
+    call this inside :func:`~billing.services.payments.charging`. Raises the database's error
+    (nothing of the batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the
+    fence refuses.
     """
     periods = dict(items)
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
         subs = _lock_due(periods, as_of=as_of, test_clock_id=test_clock_id)
         now = billing_time(test_clock_id, as_of)
-        wall_now = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
+        attempted_at = attempt_time(now, test_clock_id=test_clock_id, as_of=as_of)
         bounds = {}
         for sub in subs:
             if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end:
@@ -153,11 +157,15 @@ def prepare_page(
             mark_finalized(invoice, number=number, now=now)
             emit_for(invoice, "invoice.created", created, created_at=now)
             invoice_event(invoice, "invoice.finalized", lines=[line], created_at=now)
-            attempt = new_attempt(invoice, customer, number=1, now=wall_now)
+            attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
             invoices.append(invoice)
             lines.append(line)
             attempts.append(attempt)
             prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), [line]))
+        if test_clock_id:
+            held = take_charge_locks([invoice.id for invoice in invoices])
+            if held:  # fresh ids: only a hash collision with another invoice's charge
+                raise RuntimeError(f"the charge locks of new invoices {held} are held elsewhere")
         insert_models(Invoice, invoices)
         insert_models(InvoiceLineItem, lines)
         insert_models(PaymentAttempt, attempts)
@@ -245,7 +253,7 @@ def record_page(
             customer_qs_select_for_update(), [invoice.customer_id for invoice in invoices.values()]
         )
         now = billing_time(test_clock_id, as_of)
-        completed_at = wall_clock_now(now, test_clock_id=test_clock_id, as_of=as_of)
+        completed_at = attempt_time(now, test_clock_id=test_clock_id, as_of=as_of)
         changed_customers: dict[str, Customer] = {}
         recorded, changed_subs, rows = [], [], []
         for prepared, result in succeeded:

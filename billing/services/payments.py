@@ -8,25 +8,37 @@ The same three steps serve the drain's close (:mod:`billing.services.close`), th
    :class:`~billing.models.PaymentAttempt` row *before* the call, with outcome ``unknown``. A
    process that dies during the call leaves that row behind, so the next try re-sends the same
    request under the same key (Stripe replays the answer) and never creates a second
-   PaymentIntent.
-2. :func:`send`: the gateway call, outside any transaction.
+   PaymentIntent; once that key may have expired at the gateway, or when the PaymentIntent is
+   processing, the next try looks the PaymentIntent up instead (:func:`must_look_up`).
+2. :func:`send`: the gateway call, outside any transaction: the request, or, for an open
+   attempt that may no longer be re-sent (:func:`must_look_up`), a lookup of its PaymentIntent.
 3. :func:`record_outcome`: one transaction that records the answer on the attempt and acts on
    it (invoice paid; period advanced; ``past_due`` and dunning on a decline; the retry ladder
    on a failure), with every event.
 
 A row is one idempotency key: a same-key re-send updates it. A definite outcome (succeeded,
 declined, a final error) is never overwritten by a later indefinite one.
+
+An attempt of an invoice on a test clock is dated by the clock, like everything else of the
+clock's objects (docs/decisions/0082-test-clock-time-rules.md): its times say nothing about the
+wall clock, so whether it is in flight is not read from them. Its sender holds the invoice's
+*charge lock* instead, a PostgreSQL session advisory lock taken when the attempt is reserved and
+released once the outcome is recorded (:func:`charging`): in flight means "a live session holds
+the lock", and a process that dies frees it with its connection.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
@@ -63,13 +75,46 @@ def in_flight_window() -> timedelta:
     return timedelta(seconds=5 * float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
 
 
-def reuses_key(attempt: PaymentAttempt) -> bool:
-    """True when the next try of the invoice re-sends ``attempt`` under its own key."""
+def is_open(attempt: PaymentAttempt) -> bool:
+    """True when ``attempt`` has no definite outcome: ``unknown``, or a transient ``error``, of a call made
+    under a key. The next try of the invoice resolves it (re-sent under its key, or looked up) rather
+    than taking a new attempt."""
     if attempt.settled_without_charge or not attempt.idempotency_key:
         return False
     if attempt.outcome == PaymentAttempt.UNKNOWN:
         return True
     return attempt.outcome == PaymentAttempt.ERROR and gw.is_transient_status(attempt.http_status)
+
+
+def key_safe_window() -> timedelta:
+    """How long after its first send an attempt may still be re-sent under its key.
+
+    ``HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S``, default 23 hours: Stripe keeps a key for at
+    least 24 hours (https://docs.stripe.com/api/idempotent_requests), and the hour left over
+    covers the re-send itself (at most :func:`in_flight_window`) and the clocks' skew. It must
+    stay below 24 hours.
+    """
+    return timedelta(seconds=float(settings.HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S))
+
+
+def must_look_up(attempt: PaymentAttempt, *, now: datetime) -> bool:
+    """True when the open ``attempt`` is resolved only by looking its PaymentIntent up, never re-sent.
+
+    Either its PaymentIntent answered ``processing`` (a same-key re-send would replay that answer
+    for as long as the key lives, then create a second PaymentIntent), or its key may have expired
+    at the gateway: first sent more than :func:`key_safe_window` before ``now`` (the DB's now()),
+    or at a time not recorded. docs/decisions/0129-idempotency-keys-expire.md.
+    """
+    if attempt.payment_intent_status == gw.PROCESSING:
+        return True
+    first_sent_at = attempt.first_sent_at
+    return not isinstance(first_sent_at, datetime) or first_sent_at <= now - key_safe_window()
+
+
+def reuses_key(attempt: PaymentAttempt, *, now: datetime) -> bool:
+    """True when the next try of the invoice re-sends ``attempt`` under its own key: it is open
+    (:func:`is_open`) and its key is still safe to use (not :func:`must_look_up`)."""
+    return is_open(attempt) and not must_look_up(attempt, now=now)
 
 
 @dataclass
@@ -81,6 +126,8 @@ class ChargePlan:
     subscription_id: str | None
     request: gw.ChargeRequest | None
     known_result: gw.ChargeResult | None = None
+    # Step 2 looks the request's PaymentIntent up instead of sending it (must_look_up).
+    look_up: bool = False
 
 
 class OutcomeKind(StrEnum):
@@ -133,6 +180,104 @@ def wall_clock_now(now: datetime, *, test_clock_id: str | None, as_of: datetime 
     return now if test_clock_id is None and as_of is None else database_now()
 
 
+def attempt_time(now: datetime, *, test_clock_id: str | None, as_of: datetime | None) -> datetime:
+    """The time written on a payment attempt (``started_at``, ``completed_at``), given the billing time ``now``.
+
+    On a test clock it is ``now``, the clock's time; a wall-clock object's attempt is dated by the
+    DB's now() (:func:`wall_clock_now`), whatever ``as_of`` the caller bills by.
+    """
+    return now if test_clock_id else wall_clock_now(now, test_clock_id=None, as_of=as_of)
+
+
+# --- the charge lock of a clock's invoice ----------------------------------------------------------------------------
+
+# CHARGE_LOCK: the session advisory lock the sender of a test-clock invoice's charge holds from
+# the reservation to the recorded outcome. Session scoped, so it outlives the reservation's
+# transaction and dies with the connection. The key is a 64-bit hash of the invoice id (a
+# collision would only make two invoices' charges wait for each other).
+TRY_CHARGE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.charge:' || %s, 0))"
+RELEASE_CHARGE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.charge:' || %s, 0))"
+# CHARGE_LOCKS_HELD: which of the given invoices another session holds the charge lock of, read
+# from pg_locks without taking anything (a bigint advisory key shows as classid:objid, objsubid 1).
+CHARGE_LOCKS_HELD = """
+SELECT i.id FROM unnest(%s::text[]) AS i(id)
+WHERE EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
+      AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('hardcount.charge:' || i.id, 0)
+)
+"""
+
+# The charge locks this thread's session holds, in the order taken (a lock taken twice is listed twice).
+_held = threading.local()
+
+
+def _held_locks() -> list[str]:
+    if not hasattr(_held, "invoice_ids"):
+        _held.invoice_ids = []
+    return _held.invoice_ids
+
+
+def take_charge_lock(invoice_id: str) -> bool:
+    """Take the charge lock of a test-clock invoice on this session; False when another session holds it.
+
+    Released by the :func:`charging` block around the charge (run every reservation inside one).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(TRY_CHARGE_LOCK, [invoice_id])
+        taken = cursor.fetchone()[0]
+    if taken:
+        _held_locks().append(invoice_id)
+    return taken
+
+
+def take_charge_locks(invoice_ids: list[str]) -> list[str]:
+    """:func:`take_charge_lock` for each of ``invoice_ids`` in one statement; the ids another session holds."""
+    if not invoice_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.id, pg_try_advisory_lock(hashtextextended('hardcount.charge:' || i.id, 0))"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS i(id, n) ORDER BY i.n",
+            [list(invoice_ids)],
+        )
+        rows = cursor.fetchall()
+    _held_locks().extend(invoice_id for invoice_id, taken in rows if taken)
+    return [invoice_id for invoice_id, taken in rows if not taken]
+
+
+def charges_in_flight(invoice_ids: list[str]) -> list[str]:
+    """The invoices among ``invoice_ids`` whose charge lock another session holds (their charge is in flight)."""
+    if not invoice_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(CHARGE_LOCKS_HELD, [list(invoice_ids)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@contextmanager
+def charging() -> Iterator[None]:
+    """Wrap a reservation, its gateway call and its record: on the way out, free the charge locks taken inside.
+
+    Blocks nest: each frees only the locks taken since it began. A lock that cannot be freed
+    because the connection broke is gone with the session already.
+    """
+    held = _held_locks()
+    mark = len(held)
+    try:
+        yield
+    finally:
+        taken, held[mark:] = held[mark:], []
+        if taken:
+            try:
+                with connection.cursor() as cursor:
+                    for invoice_id in reversed(taken):
+                        cursor.execute(RELEASE_CHARGE_LOCK, [invoice_id])
+            except DatabaseError:
+                log.warning("could not free %d charge lock(s); closing the session frees them", len(taken))
+                connection.close()
+
+
 # --- step 1 ---------------------------------------------------------------------------------------------------------
 
 
@@ -141,23 +286,40 @@ def reserve_attempt_locked(
 ) -> ChargePlan:
     """Reserve the next payment attempt of an ``open`` invoice (invoice and customer locked by the caller).
 
-    If the latest attempt is still open (``unknown``, or a transient error) it is re-sent under
-    its own key and body: raises :class:`PaymentInFlight` when it is ``unknown`` and younger
-    than :func:`in_flight_window` (someone is sending it right now). Otherwise a new attempt:
-    number n+1, key ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
+    ``now`` is the attempt's time (:func:`attempt_time`: the clock's on a test clock). If the
+    latest attempt is still open (``unknown``, or a transient error) it is re-sent under its own
+    key and body, or, when :func:`must_look_up` (its PaymentIntent is processing, or its key may
+    have expired at the gateway, measured on the database's wall clock), looked up instead
+    (``plan.look_up``): raises :class:`PaymentInFlight` when it is ``unknown`` and someone is
+    sending it right now (younger than :func:`in_flight_window`; on a test clock, another session
+    holds the invoice's charge lock). Otherwise a new attempt: number n+1, key
+    ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
     ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
     ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:
     the attempt is a decline (``payment_method_missing``). ``first_attempt``: the caller inserted
-    the invoice in this transaction, so it has no attempt yet (saves a query).
+    the invoice in this transaction, so it has no attempt yet (saves a query). On a test clock the
+    invoice's charge lock is taken here: call this inside :func:`charging`.
     """
     latest = None if first_attempt else invoice.payment_attempts.order_by("-attempt_number").first()
-    if latest is not None and reuses_key(latest):
-        if latest.outcome == PaymentAttempt.UNKNOWN and latest.started_at > now - in_flight_window():
+    if customer.test_clock_id and not take_charge_lock(invoice.id):
+        raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
+    if latest is not None and is_open(latest):
+        if (
+            not customer.test_clock_id
+            and latest.outcome == PaymentAttempt.UNKNOWN
+            and latest.started_at > now - in_flight_window()
+        ):
             raise PaymentInFlight(f"A payment of invoice {invoice.id} is in flight; try again later.")
+        # A key's age is the gateway's, in real time: never measured on a test clock.
+        look_up = must_look_up(latest, now=database_now() if customer.test_clock_id else now)
         latest.outcome = PaymentAttempt.UNKNOWN
         latest.started_at = now
         latest.save(update_fields=["outcome", "started_at"])
-        return ChargePlan(latest.id, invoice.id, invoice.subscription_id, _request(invoice, customer, latest))
+        request = _request(invoice, customer, latest)
+        if look_up:
+            # The PaymentIntent the attempt made, when it is known (a confirmation's, or a create's that answered).
+            request = replace(request, payment_intent_id=latest.payment_intent_id or invoice.payment_intent_id)
+        return ChargePlan(latest.id, invoice.id, invoice.subscription_id, request, look_up=look_up)
 
     attempt = new_attempt(invoice, customer, number=(latest.attempt_number if latest else 0) + 1, now=now)
     attempt.save(force_insert=True)
@@ -177,7 +339,8 @@ def new_attempt(invoice: Invoice, customer: Customer, *, number: int, now: datet
     """Unsaved payment attempt ``number`` of an open invoice: ``amount_due`` of its currency, outcome ``unknown``.
 
     It charges the customer's current default payment method under :func:`_new_attempt_key`; with
-    no payment method it has no key (nothing will be sent). ``now``: the wall clock (the DB's now()).
+    no payment method it has no key (nothing will be sent). ``now``: the attempt's time
+    (:func:`attempt_time`: the clock's on a test clock, else the DB's now()).
     """
     attempt = PaymentAttempt(
         tenant_id=invoice.tenant_id,
@@ -277,12 +440,15 @@ def needs_no_charge(invoice: Invoice) -> bool:
 
 
 def send(plan: ChargePlan) -> gw.ChargeResult:
-    """Step 2: the gateway call for ``plan`` (no transaction open). Never raises for gateway trouble;
-    an unexpected exception in the call is an ``error`` outcome (a failure of the close)."""
+    """Step 2: the gateway call for ``plan`` (no transaction open): the charge, or the lookup when
+    ``plan.look_up``. Never raises for gateway trouble; an unexpected exception in the call is an
+    ``error`` outcome (a failure of the close)."""
     if plan.known_result is not None:
         return plan.known_result
     assert plan.request is not None
     try:
+        if plan.look_up:
+            return gw.get_gateway().look_up(plan.request)
         return gw.get_gateway().charge(plan.request)
     except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
         log.exception("gateway call for %s raised", plan.invoice_id)
@@ -450,7 +616,7 @@ def record_outcome(
         if customer_fields:
             customer.save(update_fields=customer_fields)
 
-        if attempt.outcome != PaymentAttempt.UNKNOWN and not reuses_key(attempt):
+        if attempt.outcome != PaymentAttempt.UNKNOWN and not is_open(attempt):
             # Someone recorded a definite outcome first (a racing same-key re-send): theirs stands
             # and they acted on it.
             outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=f"attempt already recorded as {attempt.outcome}")
@@ -458,7 +624,7 @@ def record_outcome(
                 write_billing_attempt(run, plan.subscription_id, outcome, now=now)
             return outcome
 
-        apply_result(attempt, result, completed_at=wall_clock_now(now, test_clock_id=clock_id, as_of=as_of))
+        apply_result(attempt, result, completed_at=attempt_time(now, test_clock_id=clock_id, as_of=as_of))
         attempt.save()
         invoice_fields = []  # saved with the outcome's own invoice update, or at the end
         if result.payment_intent_id and not invoice.payment_intent_id:
@@ -521,17 +687,27 @@ def note_gateway_ids(customer: Customer, attempt: PaymentAttempt, result: gw.Cha
     return fields
 
 
-ATTEMPT_RESULT_FIELDS = ("outcome", "decline_code", "error_message", "http_status", "completed_at", "payment_intent_id")
+ATTEMPT_RESULT_FIELDS = (
+    "outcome",
+    "decline_code",
+    "error_message",
+    "http_status",
+    "completed_at",
+    "payment_intent_id",
+    "payment_intent_status",
+)
 
 
 def apply_result(attempt: PaymentAttempt, result: gw.ChargeResult, *, completed_at: datetime) -> None:
     """Write the gateway's answer on the attempt in memory (:data:`ATTEMPT_RESULT_FIELDS`); texts are truncated
-    to their columns, and a PaymentIntent id the answer lacks keeps the attempt's own."""
+    to their columns, and a PaymentIntent id or status the answer lacks keeps the attempt's own."""
     attempt.outcome = result.outcome
     attempt.decline_code = result.decline_code[:100]
     attempt.error_message = result.error_message[:2000]
     attempt.http_status = result.http_status
     attempt.completed_at = completed_at
+    if result.payment_intent_status:
+        attempt.payment_intent_status = result.payment_intent_status
     if result.payment_intent_id:
         attempt.payment_intent_id = result.payment_intent_id
 

@@ -10,7 +10,7 @@ TABLES = ["dunning_dunningsettings", "dunning_dunningrun"]
 class Migration(migrations.Migration):
     dependencies = [
         ("dunning", "0002_schedule_state"),
-        ("hardcount", "0004_row_level_security"),
+        ("hardcount", "0006_row_level_security"),
     ]
 
     operations = [

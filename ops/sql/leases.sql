@@ -3,32 +3,34 @@
 -- database returns none. ops/doctor.py runs them in file order (docs/decisions/0060, 0121).
 
 -- name: billing_run_not_orphaned_by_lease
--- No billing run is still running under a fencing token that no longer holds the billing lease (the token moved on,
--- or the lease was released or has expired): a run without a live lease is not doing work and must have been closed
--- as abandoned.
-SELECT r.id AS ref, 'running under token ' || r.lease_token || ', but the billing lease is '
+-- No billing run is still running under a fencing token that no longer holds its lease (the billing lease, or a
+-- manual run's own manual:{tenant}:{mode} lease; the token moved on, or the lease was released or has expired): a run
+-- without a live lease is not doing work and must have been closed as abandoned, or carried on by the next holder.
+SELECT r.id AS ref, 'running under token ' || r.lease_token || ', but the '
+       || coalesce(nullif(r.lease_role, ''), 'billing') || ' lease is '
        || CASE WHEN l.role IS NULL THEN 'absent'
                WHEN l.token <> r.lease_token THEN 'at token ' || l.token
                WHEN l.holder IS NULL THEN 'released'
                ELSE 'expired since ' || l.expires_at END AS detail
 FROM billing_billingrun r
-LEFT JOIN leases_leaderlease l ON l.role = 'billing'
+LEFT JOIN leases_leaderlease l ON l.role = coalesce(nullif(r.lease_role, ''), 'billing')
 WHERE r.status = 'running' AND r.lease_token IS NOT NULL
   AND (l.role IS NULL OR l.token <> r.lease_token OR l.holder IS NULL OR l.expires_at IS NULL
        OR l.expires_at < now());
 
 -- name: no_billing_write_after_lease_lost
 -- A deposed leader writes nothing after its successor took the lease: no billing attempt, and no completed or failed
--- run, of an older fencing token is dated after the current token's acquired_at (docs/reference/roles-and-leases.md, docs/reference/guarantees.md).
+-- run, of an older fencing token is dated after the current token's acquired_at (the billing lease, or a manual run's
+-- own lease; docs/reference/roles-and-leases.md, docs/reference/guarantees.md).
 SELECT a.id AS ref, 'billing attempt of run ' || r.id || ' (token ' || r.lease_token || ') at '
        || a.created_at || ', after token ' || l.token || ' took the lease at ' || l.acquired_at AS detail
 FROM billing_billingattempt a JOIN billing_billingrun r ON r.id = a.run_id
-JOIN leases_leaderlease l ON l.role = 'billing'
+JOIN leases_leaderlease l ON l.role = coalesce(nullif(r.lease_role, ''), 'billing')
 WHERE r.lease_token < l.token AND a.created_at > l.acquired_at
 UNION ALL
 SELECT r.id, r.status || ' at ' || r.finished_at || ' under token ' || r.lease_token
        || ', after token ' || l.token || ' took the lease at ' || l.acquired_at
-FROM billing_billingrun r JOIN leases_leaderlease l ON l.role = 'billing'
+FROM billing_billingrun r JOIN leases_leaderlease l ON l.role = coalesce(nullif(r.lease_role, ''), 'billing')
 WHERE r.lease_token < l.token AND r.status IN ('completed', 'failed') AND r.finished_at > l.acquired_at;
 
 -- name: lease_rows_well_formed

@@ -96,8 +96,12 @@ WHERE NOT a.settled_without_charge AND i.amount_due < coalesce(m.amount, 1);
 -- name: payment_outcome_not_left_unknown
 -- No charge stays in limbo: a payment attempt whose outcome is unknown (the call was sent, its answer lost) is
 -- resolved, by retrieval or a same-key re-send, within the in-flight window plus one billing tick (parameter
--- unknown_after_s, default 5 × the gateway timeout + the billing interval).
+-- unknown_after_s, default 5 × the gateway timeout + the billing interval). An attempt on a test clock is dated by the
+-- clock, so its age is read from the wall-clock time in its id (when it was first sent).
 SELECT a.id AS ref, 'outcome unknown since ' || a.started_at || ' for invoice ' || a.invoice_id
        || ' (' || i.status || ')' AS detail
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
-WHERE a.outcome = 'unknown' AND a.started_at < now() - make_interval(secs => %(unknown_after_s)s);
+JOIN billing_customer c ON c.id = i.customer_id
+WHERE a.outcome = 'unknown'
+  AND CASE WHEN c.test_clock_id IS NULL THEN a.started_at < now() - make_interval(secs => %(unknown_after_s)s)
+           ELSE substr(split_part(a.id, '_', 2), 1, 10) COLLATE "C" < %(unknown_after_prefix)s END;

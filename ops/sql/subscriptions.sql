@@ -56,3 +56,58 @@ SELECT s.id, 'subscription on test clock ' || coalesce(s.test_clock_id, 'none') 
        || c.id || ' is on ' || coalesce(c.test_clock_id, 'none')
 FROM billing_subscription s JOIN billing_customer c ON c.id = s.customer_id
 WHERE s.test_clock_id IS DISTINCT FROM c.test_clock_id;
+
+-- name: test_clock_times_on_its_timeline
+-- Nothing written for an object on a test clock is dated by the wall clock (docs/decisions/0082): no started_at or
+-- completed_at of its payment attempts, created_at of its ledger entries or created of its events (about the clock,
+-- its customers, subscriptions, invoices, ledger entries, dunning runs and billing runs) is the moment the row was
+-- written (within an hour of the wall-clock time in the row's id) while lying off the clock's timeline, which runs
+-- from the time the clock was created at (its test_clock.created event; unbounded without one) to its frozen_time.
+-- A clock never moves backwards and its objects take the time it is at, so such a time is not one the clock
+-- produced; one on the timeline may be the clock's own and is not reported, nor is a time far from the row's
+-- writing (a service asked to bill ahead of its clock). A re-sent attempt keeps the id of its first send.
+WITH clock AS (
+    SELECT c.id, c.frozen_time AS latest, min(e.created_at) AS earliest
+    FROM billing_testclock c
+    LEFT JOIN outbox_event e
+           ON e.type = 'test_clock.created' AND coalesce(e.data -> 'object' ->> 'id', e.data ->> 'id') = c.id
+    GROUP BY c.id, c.frozen_time
+), customer_on_clock AS (
+    SELECT id, test_clock_id FROM billing_customer WHERE test_clock_id IS NOT NULL
+), object_on_clock AS (
+    SELECT id, test_clock_id FROM customer_on_clock
+    UNION ALL SELECT id, test_clock_id FROM billing_subscription WHERE test_clock_id IS NOT NULL
+    UNION ALL SELECT i.id, c.test_clock_id FROM billing_invoice i JOIN customer_on_clock c ON c.id = i.customer_id
+    UNION ALL SELECT l.id, c.test_clock_id FROM billing_ledgerentry l JOIN customer_on_clock c ON c.id = l.customer_id
+    UNION ALL SELECT id, test_clock_id FROM dunning_dunningrun WHERE test_clock_id IS NOT NULL
+    UNION ALL SELECT id, test_clock_id FROM billing_billingrun WHERE test_clock_id IS NOT NULL
+    UNION ALL SELECT id, id FROM billing_testclock
+), stamp AS (
+    SELECT a.id AS ref, c.test_clock_id, 'payment attempt started_at' AS what, a.started_at AS at
+    FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
+    JOIN customer_on_clock c ON c.id = i.customer_id
+    UNION ALL
+    SELECT a.id, c.test_clock_id, 'payment attempt completed_at', a.completed_at
+    FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
+    JOIN customer_on_clock c ON c.id = i.customer_id
+    UNION ALL
+    SELECT l.id, c.test_clock_id, 'ledger entry created_at', l.created_at
+    FROM billing_ledgerentry l JOIN customer_on_clock c ON c.id = l.customer_id
+    UNION ALL
+    SELECT e.id, o.test_clock_id, e.type || ' event created', e.created_at
+    FROM outbox_event e JOIN object_on_clock o ON o.id = coalesce(e.data -> 'object' ->> 'id', e.data ->> 'id')
+), off_timeline AS (
+    SELECT s.ref, s.what, s.at, k.id AS clock_id, k.latest, k.earliest,
+           -- The wall-clock millisecond in the id (hardcount/ids.py: its first 10 base-32 digits).
+           to_timestamp((SELECT sum((strpos('0123456789abcdefghjkmnpqrstvwxyz',
+                                             substr(split_part(s.ref, '_', 2), n, 1)) - 1)::numeric
+                                    * power(32::numeric, 10 - n))
+                         FROM generate_series(1, 10) AS n) / 1000) AS written_at
+    FROM stamp s JOIN clock k ON k.id = s.test_clock_id
+    WHERE s.at > k.latest OR s.at < k.earliest
+)
+SELECT ref, what || ' ' || at || ', the wall-clock time it was written at, is '
+       || CASE WHEN at > latest THEN 'after the frozen_time ' || latest ELSE 'before the first time ' || earliest END
+       || ' of test clock ' || clock_id AS detail
+FROM off_timeline
+WHERE at BETWEEN written_at - interval '1 hour' AND written_at + interval '1 hour';

@@ -18,7 +18,7 @@ TABLES = {
 class Migration(migrations.Migration):
     dependencies = [
         ("outbox", "0003_admin_filter_indexes"),
-        ("hardcount", "0004_row_level_security"),
+        ("hardcount", "0006_row_level_security"),
     ]
 
     operations = [

@@ -10,7 +10,8 @@ from billing.models import TestClock
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
-from hardcount.models import ApiKey, IdempotencyRecord
+from hardcount import audit, ratelimit
+from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt
 from tests.billing.conftest import DECLINING_CARD
@@ -33,7 +34,10 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     LeaderLease.objects.create(role="billing", holder="h:1:ab", token=1, heartbeat_at=now, expires_at=now)
     TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
     DunningSettings.objects.create(tenant=tenant, livemode=False)
-    ApiKey.issue(tenant, livemode=False)
+    key, _ = ApiKey.issue(tenant, livemode=False)
+    RateLimit.objects.create(tenant=tenant, bucket="read", per_s=10, burst=20)
+    ratelimit.take(api_key_id=key.pk, tenant_id=tenant.id, bucket="read")
+    audit.record(audit.API_KEY_ISSUED, obj=key, actor=audit.Actor.cli(), message=f"Issued {key}.")
     IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="k1", request_fingerprint="f" * 64)
 
     for app in APPS:

@@ -117,6 +117,13 @@ def make_card(stripe_client):
 T0 = datetime(2027, 1, 1, tzinfo=UTC)
 
 
+def _clock_time(test_clock_id: str | None) -> datetime | None:
+    """The clock's time for the event of an object on ``test_clock_id`` (as the services date it), else None."""
+    from billing.models import TestClock
+
+    return TestClock.objects.get(pk=test_clock_id).frozen_time if test_clock_id else None
+
+
 class Book:
     """Builds a tenant's customers, prices and subscriptions straight in the database.
 
@@ -149,7 +156,13 @@ class Book:
                 currency=currency,
                 test_clock=clock,
             )
-            emit_event(tenant_id=tenant.id, livemode=livemode, type="customer.created", data=customer_data(customer))
+            emit_event(
+                tenant_id=tenant.id,
+                livemode=livemode,
+                type="customer.created",
+                data=customer_data(customer),
+                created_at=_clock_time(customer.test_clock_id),
+            )
         return customer
 
     def price(self, tenant, *, amount: int = 1000, currency: str = "usd", interval: str = "month", livemode=False):
@@ -185,6 +198,7 @@ class Book:
                 livemode=sub.livemode,
                 type="subscription.created",
                 data=subscription_data(sub),
+                created_at=_clock_time(sub.test_clock_id),
             )
         return sub
 
@@ -200,14 +214,23 @@ class Book:
 @pytest.fixture
 def book(request, transactional_db, stripe_proxy, make_card):
     """The book builder. After the test, the money-invariant sweep (``doctor``) must find nothing
-    wrong in what the test left behind (opt out with the ``no_doctor`` fixture)."""
+    wrong in what the test left behind (opt out with the ``no_doctor`` fixture). A manual run's drain thread may
+    not outlive its test: it is waited for first (the next test flushes the tables under it)."""
     yield Book(make_card)
+    wait_for_manual_runs()
     if "no_doctor" in request.fixturenames:
         return
     from ops.doctor import run_checks
 
     failures = [(r.name, r.examples) for r in run_checks() if r.status not in ("ok", "not checked")]
     assert failures == [], failures
+
+
+def wait_for_manual_runs() -> None:
+    """Wait until this process's manual-run drains have ended."""
+    from billing.services.manual_runs import wait_for_manual_runs as wait
+
+    assert wait(timeout_s=120), "a manual billing run did not finish"
 
 
 @pytest.fixture

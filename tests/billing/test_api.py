@@ -11,7 +11,7 @@ from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from hardcount.times import database_now
 from tests.api.conftest import Api, make_keys
-from tests.billing.conftest import DECLINING_CARD
+from tests.billing.conftest import DECLINING_CARD, wait_for_manual_runs
 
 
 @pytest.fixture
@@ -36,8 +36,17 @@ def test_billing_run_bills_only_the_callers_tenant_and_mode(book, acme, globex):
     live = book.subscription(live_customer, book.price(acme.tenant, livemode=True))
     theirs = book.subscribed(globex.tenant)
 
-    status, run = Api(acme.test).post("/v1/billing/run", {})
+    status, started = Api(acme.test).post("/v1/billing/run", {})
+    assert status == 200
+    assert (started["object"], started["scope"], started["trigger"], started["status"]) == (
+        "billing_run",
+        "tenant",
+        "manual",
+        "running",
+    )
+    wait_for_manual_runs()
 
+    status, run = Api(acme.test).get(f"/v1/billing/runs/{started['id']}")
     assert status == 200
     assert (run["object"], run["scope"], run["status"], run["attempted"], run["billed"]) == (
         "billing_run",
@@ -98,6 +107,7 @@ def test_pay_and_void_over_http(book, acme, globex, make_card):
     declined = book.subscribed(acme.tenant, card=DECLINING_CARD)
     to_void = book.subscribed(acme.tenant, card=DECLINING_CARD)
     Api(acme.test).post("/v1/billing/run", {})
+    wait_for_manual_runs()
     invoice = Invoice.objects.get(subscription=declined)
     customer = declined.customer
     customer.default_payment_method = make_card()

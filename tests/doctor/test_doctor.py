@@ -595,6 +595,73 @@ def test_live_test_clock_is_found(world, db):
     assert found["test_clocks_in_test_mode"].examples == [world.clock + ": test clock in live mode"]
 
 
+def test_wall_clock_stamps_on_a_test_clock_object_are_found(world, db):
+    # The zero invoice's attempt was made at the clock's time (Jan 31): a wall-clock stamp lies past its frozen_time.
+    attempt = PaymentAttempt.objects.get(invoice_id=world.zero)
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(completed_at=timezone.now())
+    found = assert_only({"test_clock_times_on_its_timeline": [attempt.id]})
+    (example,) = found["test_clock_times_on_its_timeline"].examples
+    assert (
+        "payment attempt completed_at" in example
+        and f"is after the frozen_time 2026-01-31 10:00:00+00 of test clock {world.clock}" in example
+    )
+
+
+def test_a_wall_clock_stamp_before_the_clock_began_is_found_once_its_created_event_says_when(world, db):
+    from billing.representations import test_clock_data
+    from outbox.services import emit_event
+
+    # The clock began in the future of the wall clock (as the test clocks of the suites do).
+    began = timezone.now() + timedelta(days=60)
+    TestClock.objects.filter(pk=world.clock).update(frozen_time=began + timedelta(days=30))
+    clock = TestClock.objects.get(pk=world.clock)
+    created = Event.objects.get(type="customer.created", data__id=world.dave)
+    Event.objects.filter(pk=created.pk).update(created_at=timezone.now())  # the moment it was written
+    assert failing() == {}  # without the clock's created event the timeline has no start
+
+    emit_event(
+        tenant_id=clock.tenant_id,
+        livemode=False,
+        type="test_clock.created",
+        data=test_clock_data(clock),
+        created_at=began,
+    )
+    # The clock's other rows are dated Jan 31, before it began too, but not when they were written: not reported.
+    found = assert_only({"test_clock_times_on_its_timeline": [created.id]})
+    assert (
+        "the wall-clock time it was written at, is before the first time"
+        in (found["test_clock_times_on_its_timeline"].examples[0])
+    )
+
+
+def test_a_test_clock_charge_left_unknown_is_aged_by_its_id(world, db):
+    from billing.models import TestClock as Clock
+    from tests.doctor.world import Book as WorldBook
+
+    book = WorldBook(Tenant.objects.get(pk=world.acme), False, "ACME")
+    clock = Clock.objects.get(pk=world.clock)
+    customer = book.customer("frank@example.com", "usd", clock=clock)
+    invoice = book.invoice(book.subscription(customer, book.price(2000, "usd"), clock.frozen_time), 0)
+    minutes_ago = timezone.now() - timedelta(minutes=10)
+    attempt = PaymentAttempt.objects.create(
+        id=id_at("payment_attempt", minutes_ago),
+        tenant_id=world.acme,
+        livemode=False,
+        invoice=invoice,
+        attempt_number=1,
+        idempotency_key=f"hc:{invoice.id}:create",
+        payment_method="pm_card_visa",
+        amount=invoice.amount_due,
+        currency="usd",
+        outcome=PaymentAttempt.UNKNOWN,
+        # Dated by the clock, ten months before the wall clock: the age is the id's, not this.
+        started_at=clock.frozen_time,
+        completed_at=clock.frozen_time,
+    )
+    assert failing(unknown_after_s=3600) == {}
+    assert_only({"payment_outcome_not_left_unknown": [attempt.id]}, unknown_after_s=300)
+
+
 # ------------------------------------------------------------------ leases and billing runs
 
 

@@ -142,6 +142,38 @@ def test_gateway_finds_a_charge_taken_but_never_recorded(stripe_proxy, make_card
     assert doctor.exit_status([result]) == 1
 
 
+def test_gateway_finds_an_invoice_with_two_succeeded_payment_intents(stripe_proxy, make_card, stripe_client):
+    # What a re-send under an expired idempotency key does (docs/decisions/0129-idempotency-keys-expire.md).
+    tenant = Tenant.objects.create(name="Acme")
+    sub = subscribe(tenant, make_card, days_due=1)
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id, concurrency=1)
+    invoice = Invoice.objects.get(subscription=sub)
+    assert invoice.status == "paid"
+    assert doctor.check_gateway().status == doctor.OK
+    first = stripe_client.v1.payment_intents.retrieve(invoice.payment_intent_id)
+    second = stripe_client.v1.payment_intents.create(
+        params={
+            "amount": first.amount,
+            "currency": first.currency,
+            "customer": first.customer,
+            "payment_method": first.payment_method,
+            "off_session": True,
+            "confirm": True,
+            "metadata": first.metadata.to_dict(),
+        }
+    )
+    assert second.status == "succeeded"
+
+    result = doctor.check_gateway()
+
+    assert result.status == doctor.FAIL
+    (example,) = [
+        e for e in result.examples if e.startswith(f"{invoice.id}: 2 succeeded PaymentIntents at the gateway")
+    ]
+    assert first.id in example and second.id in example
+    assert doctor.exit_status([result]) == 1
+
+
 def test_gateway_finds_a_paid_invoice_whose_intent_did_not_succeed(billed_book):
     _, subs = billed_book
     declined = Invoice.objects.get(subscription=subs["declining"])

@@ -65,6 +65,11 @@ def endpoint(
     ).id
 
 
+def clock_time(customer: Customer) -> datetime | None:
+    """The time of the customer's test clock (the services date its objects' rows by it), or None."""
+    return customer.test_clock.frozen_time if customer.test_clock_id else None
+
+
 class Book:
     """Writes rows of one (tenant, mode) with their events, as the services would."""
 
@@ -84,7 +89,7 @@ class Book:
             default_payment_method="pm_card_visa",
             test_clock=clock,
         )
-        self.event("customer.created", customer_data(c))
+        self.event("customer.created", customer_data(c), clock_time(c))
         return c
 
     def price(self, amount: int, currency: str, interval: str = "month", count: int = 1) -> Price:
@@ -109,7 +114,7 @@ class Book:
             test_clock=customer.test_clock,
             **fields,
         )
-        self.event("subscription.created", subscription_data(s))
+        self.event("subscription.created", subscription_data(s), clock_time(customer))
         return s
 
     def ledger(self, customer: Customer, amount: int, reason: str, at: datetime, invoice=None) -> LedgerEntry:
@@ -202,6 +207,7 @@ class Book:
             outcome=outcome,
             decline_code=decline_code,
             settled_without_charge=settled,
+            **({"started_at": inv.period_start, "completed_at": inv.period_start} if clock_time(inv.customer) else {}),
         )
         inv.attempt_count = number
         if outcome == PaymentAttempt.SUCCEEDED:
@@ -211,9 +217,9 @@ class Book:
                 self.ledger(inv.customer, -inv.amount_due, LedgerEntry.CARRIED_DEBIT, inv.period_start, invoice=inv)
         inv.save()
         if outcome == PaymentAttempt.SUCCEEDED:
-            self.event("invoice.paid", invoice_data(inv))
+            self.event("invoice.paid", invoice_data(inv), clock_time(inv.customer) and inv.period_start)
         elif outcome == PaymentAttempt.DECLINED:
-            self.event("invoice.payment_failed", invoice_data(inv))
+            self.event("invoice.payment_failed", invoice_data(inv), clock_time(inv.customer) and inv.period_start)
             # As billing's record step does: the decline opens (or moves on) the invoice's dunning run.
             dunning_services.start_dunning(inv, declined_at=inv.period_start, decline_code=decline_code)
         return attempt

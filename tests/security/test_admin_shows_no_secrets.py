@@ -20,7 +20,7 @@ from billing.models import TestClock
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
-from hardcount.models import ApiKey, IdempotencyRecord
+from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt, WebhookEndpoint
 from tests.admin.conftest import operator  # noqa: F401 - the superuser's logged-in client
@@ -57,6 +57,7 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
     TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
     DunningSettings.objects.create(tenant=tenant, livemode=False)
     Group.objects.create(name="support")
+    RateLimit.objects.create(tenant=tenant, bucket="write", per_s=50, burst=200)
 
     # Keys: issued directly, and through the admin's add pages (the one page allowed to show them).
     issued += [ApiKey.issue(tenant, livemode=False)[1], ApiKey.issue(tenant, livemode=True)[1]]

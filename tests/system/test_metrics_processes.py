@@ -130,7 +130,7 @@ def start_gunicorn(base_dir: Path, port: int, log_path: Path) -> subprocess.Pope
         "HARDCOUNT_OUTBOX_WORKERS": "2",
         "HARDCOUNT_OUTBOX_BREAKER_THRESHOLD": "1000",  # /flaky and /refused keep being tried
         "HARDCOUNT_LEASE_POLL_S": "0.2",
-        "HARDCOUNT_DEVSTACK": "0",
+        "HARDCOUNT_DEVSTACK": "1",  # development settings: production ones want a secret key, hosts and HTTPS
         "PYTHONUNBUFFERED": "1",
     }
     for name in ("HARDCOUNT_ROLES", "HARDCOUNT_SERVICES", "PROMETHEUS_MULTIPROC_DIR", "PYTHONPATH"):
@@ -282,11 +282,22 @@ def test_every_scrape_tells_one_truth_whichever_worker_answers(tmp_path, receive
     )
 
 
-@pytest.mark.skipif(
-    not os.environ.get("HARDCOUNT_METRICS_CONTROL_DIR"), reason="needs a checkout of the code before decision 0126"
-)
+# The last commit before decision 0126: in-process counters and per-process leader flags.
+CODE_BEFORE = "213181e"
+
+
+def checkout_before(target: Path) -> Path:
+    """The product as it was at :data:`CODE_BEFORE`, unpacked from this clone's history into ``target``."""
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(BASE_DIR), "archive", CODE_BEFORE], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
 def test_negative_control_the_code_before_finds_resets_and_flips(tmp_path, receiver, tenant):
-    base_dir = Path(os.environ["HARDCOUNT_METRICS_CONTROL_DIR"]).resolve()
+    base_dir = Path(os.environ.get("HARDCOUNT_METRICS_CONTROL_DIR") or checkout_before(tmp_path / "before")).resolve()
     run = scrape_loop(base_dir, tmp_path, receiver, tenant)
     found = violations(run.scrapes)
     by_metric = Counter(metric for _, metric, _ in found)

@@ -7,6 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from hardcount import audit
 from hardcount.models import ApiKey, Tenant
 
 
@@ -21,10 +22,14 @@ class Command(BaseCommand):
         name = name.strip()
         if not name or len(name) > Tenant._meta.get_field("name").max_length:
             raise CommandError("NAME must be 1 to 200 characters.")
+        actor = audit.Actor.cli()
         with transaction.atomic():
             tenant = Tenant.objects.create(name=name)
             test_row, test_key = ApiKey.issue(tenant, livemode=False)
             live_row, live_key = ApiKey.issue(tenant, livemode=True)
+            audit.record(audit.TENANT_CREATED, obj=tenant, actor=actor, message=f"Created tenant {tenant.name}.")
+            for row in (test_row, live_row):
+                audit.record(audit.API_KEY_ISSUED, obj=row, actor=actor, message=f"Issued {row} with tenant {name}.")
         if json:
             self.stdout.write(
                 _dumps(

@@ -36,8 +36,8 @@ TABLES = {
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("billing", "0003_admin_filter_indexes"),
-        ("hardcount", "0004_row_level_security"),
+        ("billing", "0005_billing_run_lease_role"),
+        ("hardcount", "0006_row_level_security"),
     ]
 
     operations = [
