@@ -10,6 +10,9 @@ Every endpoint is an :class:`ApiView` (see ``docs/api-conventions.md``):
   strings, booleans booleans) and raise 400/415/422 through :mod:`hardcount.errors`;
 - lists take their filter parameters through :meth:`ApiView.filter_by_query` and go through
   :meth:`ApiView.paginate` (``limit`` 1–100, default 10; ``starting_after``; newest first);
+- after authentication the request's queries run as the database role
+  :data:`hardcount.tenancy.TENANT_ROLE` under row-level security for the key's tenant and mode
+  (docs/decisions/0130-row-level-security.md), reset when the request ends;
 - every POST honours ``Idempotency-Key`` (:mod:`hardcount.idempotency`) with no code in
   the view;
 - every request takes a token from its key's rate-limit bucket first (:mod:`hardcount.ratelimit`;
@@ -42,7 +45,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hardcount import idempotency, ratelimit
+from hardcount import idempotency, ratelimit, tenancy
 from hardcount.auth import ApiKeyAuthentication
 from hardcount.errors import InvalidParameters, MalformedRequest, PayloadTooLarge, ResourceMissing
 from hardcount.ids import PREFIXES
@@ -576,13 +579,26 @@ class ApiView(APIView):
             {"object": "list", "data": [render(row) for row in rows[:limit]], "has_more": len(rows) > limit}
         )
 
-    # -- idempotency -----------------------------------------------------------------
+    # -- tenancy and idempotency -----------------------------------------------------
+
+    def dispatch(self, request, *args, **kwargs):
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            # Also after an unhandled exception: a connection kept across requests goes back clean.
+            if getattr(self, "_tenancy_entered", False):
+                self._tenancy_entered = False
+                tenancy.leave()
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         self._idempotency_claim = None
         # After authentication, before anything is written: a refused request claims no Idempotency-Key.
+        # The buckets are the service's rows, not the tenant's: taken before the switch below.
         ratelimit.check(request)
+        # Authenticated: from here on the database enforces the key's tenant and mode too (row-level security).
+        tenancy.enter(self.tenant.pk, self.livemode)
+        self._tenancy_entered = True
         if request.method != "POST":
             return
         key = idempotency.validate_key(request.headers.get(idempotency.HEADER))

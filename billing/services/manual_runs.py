@@ -31,6 +31,7 @@ from django.db import DatabaseError, connection, connections, transaction
 
 from billing.models import BillingRun
 from billing.services.drain import drain_due
+from hardcount import tenancy
 from hardcount.fencing import LeaseLost
 from hardcount.scheduler.leadership import HeldLease, lease_store
 from hardcount.times import database_now
@@ -257,8 +258,13 @@ atexit.register(stop_manual_drains)
 
 
 def _held_roles(roles: set[str]) -> set[str]:
-    """Which of ``roles`` some holder's lease holds right now (by the database's clock)."""
-    return {status.role for status in lease_store().lease_statuses() if status.role in roles and status.held}
+    """Which of ``roles`` some holder's lease holds right now (by the database's clock).
+
+    Lease rows belong to no tenant: a request reads them as the cross-tenant role.
+    """
+    with tenancy.cross_tenant():
+        statuses = lease_store().lease_statuses()
+    return {status.role for status in statuses if status.role in roles and status.held}
 
 
 def resume_if_stalled(run: BillingRun) -> bool:
