@@ -433,9 +433,10 @@ class SchedulerLogView:
 
     The scheduler logs ``tick_started`` and a ``tick_completed`` line with every count of the
     tick (a billing tick's is ~580 characters, every 10 s in the dev stack). At INFO this view
-    drops ``tick_started`` (and each role's and service's start-up line), shortens ``tick_completed`` to one line with the counts that are not
-    zero (``scheduler  billing tick 3.902 s: test_attempted=184 test_billed=182 test_failed=2``),
-    and drops a tick that did nothing; every other line passes unchanged. ``detail`` True (serve:
+    drops ``tick_started`` (and each role's and service's start-up line), shortens
+    ``tick_completed`` to one line with the counts that are not zero (``scheduler  billing tick
+    3.902 s: test_attempted=184 test_billed=182 test_failed=2``), and drops a tick that did
+    nothing; every other line passes unchanged. ``detail`` True (serve:
     ``HARDCOUNT_LOG_LEVEL=DEBUG``) passes every line as it came.
     """
 
