@@ -139,10 +139,17 @@ def read_progress(tenant_id: str) -> Progress:
 
 
 def first_drain_since(since: datetime) -> BillingRun | None:
-    """The first test-mode scheduler drain that started at or after ``since`` and has ended, if any."""
+    """The first test-mode scheduler drain that started at or after ``since`` and ran to its end, if any.
+
+    An abandoned drain (its process died) is not the end: its successor goes on with the book.
+    """
     return (
-        BillingRun.objects.filter(trigger=BillingRun.SCHEDULER, livemode=False, started_at__gte=since)
-        .exclude(status=BillingRun.RUNNING)
+        BillingRun.objects.filter(
+            trigger=BillingRun.SCHEDULER,
+            livemode=False,
+            started_at__gte=since,
+            status__in=(BillingRun.COMPLETED, BillingRun.FAILED),
+        )
         .order_by("started_at")
         .first()
     )
@@ -176,8 +183,9 @@ class DrainSummary:
 def drain_summary(tenant_id: str, run: BillingRun, *, since: datetime) -> DrainSummary:
     """The attempts on ``tenant_id``'s book by ``run`` and by the drains that ended after ``since`` before it.
 
-    A drain that had started before the seed committed may have billed part of the book: it
-    counts too. Raises ``DatabaseError``.
+    A drain that had started before the seed committed may have billed part of the book, and
+    an abandoned one (its process killed) part of it before its successor: they count too.
+    Raises ``DatabaseError``.
     """
     runs = BillingRun.objects.filter(
         trigger=BillingRun.SCHEDULER, livemode=False, finished_at__gte=since, started_at__lte=run.started_at
