@@ -65,5 +65,19 @@ fmt: $(STAMP)
 stop-db: $(STAMP)
 	-$(PY) -c "import os, pathlib; from pgserver._commands import pg_ctl; pg_ctl(['-w', 'stop'], pgdata=pathlib.Path('$(VAR_DIR)/pgdata').resolve(), user='pgserver' if os.geteuid() == 0 else None)" 2>/dev/null
 
-clean: stop-db
+# With DATABASE_URL set, var/ does not hold the database: deleting var/ alone would leave that database's
+# demo tenant and book behind without their keys and gateway store, and the next make run would seed a
+# second demo tenant beside them. So clean refuses (docs/decisions/0131-dev-stack-resilience-and-first-run.md).
+clean:
+ifneq ($(strip $(DATABASE_URL)),)
+	@echo "make clean: refusing, DATABASE_URL is set." >&2
+	@echo "  make clean deletes $(VAR_DIR)/ (the embedded PostgreSQL, the demo's keys, localstripe's store). It cannot" >&2
+	@echo "  delete the database DATABASE_URL names, and deleting $(VAR_DIR)/ alone would orphan that database's demo" >&2
+	@echo "  tenant and book (their keys and the gateway ids they refer to live in $(VAR_DIR)/): the next make run" >&2
+	@echo "  would seed a second demo tenant beside them." >&2
+	@echo "  To start over: drop and recreate that database yourself (e.g. dropdb and createdb), then" >&2
+	@echo "  run 'env -u DATABASE_URL make clean'. To keep it: leave $(VAR_DIR)/ as it is." >&2
+	@exit 2
+endif
+	-@$(MAKE) --no-print-directory stop-db
 	rm -rf $(VAR_DIR)

@@ -1,7 +1,7 @@
 """localstripe as Hardcount uses it in development and tests, with the fixes the gateway relies on.
 
-localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways that matter to
-:mod:`billing.gateway`:
+localstripe (the fake Stripe server from PyPI) differs from Stripe in these ways that matter to
+:mod:`billing.gateway` and to whoever tries the dev stack:
 
 1. A PaymentIntent whose charge was declined cannot be confirmed again: its
    ``POST /v1/payment_intents/{id}/confirm`` refuses ``payment_method`` (``500 Not
@@ -16,6 +16,9 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in two ways t
    lists oldest first; Stripe filters by ``customer`` and lists newest first, paginated with
    ``limit`` and ``starting_after`` (https://docs.stripe.com/api/payment_intents/list). The
    gateway finds an invoice's PaymentIntents this way once a key may have expired.
+5. Of Stripe's test PaymentMethod ids it knows only ``pm_card_visa``, ``pm_card_visa_chargeDeclined``
+   and ``pm_card_chargeCustomerFail``; :data:`EXTRA_TEST_PAYMENT_METHODS` adds the ones README's
+   ``make run`` section names (a declining card, insufficient funds, authentication required).
 
 It also lets a test hold a payment in ``processing``, as Stripe's asynchronous payment methods
 do, and settle it later (:data:`CONTROL_ROUTES`; :meth:`devstack.strict_stripe.StrictStripe.hold_processing`
@@ -48,6 +51,15 @@ DECLINE_CODES_OF_TEST_CARDS = {
     "4000000000000127": "incorrect_cvc",
     "4000000000000119": "processing_error",
     "4242424242424241": "incorrect_number",
+}
+
+# Stripe's test PaymentMethod ids (https://docs.stripe.com/testing) that localstripe lacks, with the
+# card number localstripe then behaves as: attach declined (generic, insufficient funds), or
+# every PaymentIntent left requiring authentication (declined off-session: authentication_required).
+EXTRA_TEST_PAYMENT_METHODS = {
+    "pm_card_chargeDeclined": "4000000000000002",
+    "pm_card_chargeDeclinedInsufficientFunds": "4000000000009995",
+    "pm_card_authenticationRequired": "4000002760003184",
 }
 
 
@@ -122,6 +134,15 @@ def apply_localstripe_fixes() -> None:
         li._list = [pi for pi in reversed(li._list) if customer is None or pi.customer == customer]
         return li
 
+    original_canonical = pm_cls._try_get_canonical_test_article.__func__
+
+    def _try_get_canonical_test_article(cls, id):
+        number = EXTRA_TEST_PAYMENT_METHODS.get(id)
+        if number is None:
+            return original_canonical(cls, id)
+        return cls(type="card", card={"number": number, "exp_month": "12", "exp_year": "2030", "cvc": "123"})
+
+    pm_cls._try_get_canonical_test_article = classmethod(_try_get_canonical_test_article)
     pi_cls._api_confirm = classmethod(_api_confirm)
     pi_cls._report_failure = _report_failure
     pi_cls._api_list_all = classmethod(_api_list_all)

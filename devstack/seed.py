@@ -104,6 +104,9 @@ class SeedSummary:
     trialing: int = 0
     declining_cards: int = 0
     failing_cards: int = 0
+    # Of the subscriptions due now, those whose card declines / fails at the gateway.
+    due_declining: int = 0
+    due_failing: int = 0
     credit_balances: int = 0
     events: int = 0
     webhook_endpoints: list[str] = field(default_factory=list)
@@ -293,8 +296,11 @@ def seed_demo_book(
         summary.events = outbox_services.emit_events(events, tenant_id=tenant_id, livemode=livemode)
 
     summary.trialing = len(trialing)
-    summary.due = sum(1 for s in subs if s.next_billing_at <= now)
+    due_now = [i for i, s in enumerate(subs) if s.next_billing_at <= now]
+    summary.due = len(due_now)
     summary.declining_cards = len(declining)
     summary.failing_cards = len(failing)
+    summary.due_declining = sum(1 for i in due_now if i in declining)
+    summary.due_failing = sum(1 for i in due_now if i in failing)
     summary.credit_balances = len(entries)
     return summary

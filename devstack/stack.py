@@ -14,9 +14,11 @@ process does not load the settings (which would start the embedded database).
 - :func:`start_strict_stripe` runs :mod:`devstack.strict_stripe` in front of it (Stripe's
   idempotency layer, which localstripe lacks), its keys kept in a file beside localstripe's store
   (docs/decisions/0124-strict-dev-stripe.md).
-- :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``.
-- :class:`WebhookReceiver` is a local HTTP endpoint that logs each webhook it receives and
-  whether its ``Hardcount-Signature`` verifies (docs/reference/webhooks.md, with :mod:`outbox.signing`).
+- :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``;
+  :class:`SchedulerLogView` is what ``serve`` prints of its lines.
+- :class:`WebhookReceiver` is a local HTTP endpoint that logs the webhooks it receives (each one,
+  or a sample while they arrive faster than it can show) and whether their ``Hardcount-Signature``
+  verifies (docs/reference/webhooks.md, with :mod:`outbox.signing`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class ChildProcess:
             preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (spawned before any thread starts)
             **popen,
         )
+        # The thread reading the child's output when it goes to a pipe (start_gunicorn's ``output``).
+        self.output_thread: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
@@ -370,31 +374,108 @@ def start_strict_stripe(
 # --- gunicorn -----------------------------------------------------------------------------------------------------
 
 
-def start_gunicorn(*, base_dir: Path, bind: str, env: dict[str, str]) -> ChildProcess:
+def start_gunicorn(
+    *,
+    base_dir: Path,
+    bind: str,
+    env: dict[str, str],
+    access_log: bool = True,
+    output: Callable[[str], None] | None = None,
+) -> ChildProcess:
     """Start gunicorn with ``hardcount/gunicorn.conf.py`` bound to ``bind`` (``host:port``).
 
-    Output is inherited (access and error logs on the terminal). SIGTERM (``stop``) is
-    gunicorn's graceful shutdown: in-flight requests finish, workers stop their scheduler
-    runtime and release their leases.
+    ``access_log`` False sends gunicorn's access log to ``/dev/null`` (the command line wins over
+    the config file). ``output``: called with each line gunicorn writes (stdout and stderr, one
+    thread reads them until gunicorn closes its end); None: inherited (lines go to the terminal).
+    SIGTERM (``stop``) is gunicorn's graceful shutdown: in-flight requests finish, workers stop
+    their scheduler runtime and release their leases.
     """
-    return ChildProcess(
+    args = [
+        sys.executable,
+        "-m",
         "gunicorn",
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--config",
-            str(base_dir / "hardcount" / "gunicorn.conf.py"),
-            "--bind",
-            bind,
-            # serve supervises gunicorn itself; the control socket would sit in XDG_RUNTIME_DIR
-            # (var/run), too long a path for a Unix socket in a deep clone.
-            "--no-control-socket",
-            "hardcount.wsgi:application",
-        ],
+        "--config",
+        str(base_dir / "hardcount" / "gunicorn.conf.py"),
+        "--bind",
+        bind,
+        # serve supervises gunicorn itself; the control socket would sit in XDG_RUNTIME_DIR
+        # (var/run), too long a path for a Unix socket in a deep clone.
+        "--no-control-socket",
+    ]
+    if not access_log:
+        args += ["--access-logfile", os.devnull]
+    args.append("hardcount.wsgi:application")
+    if output is None:
+        return ChildProcess("gunicorn", args, env=env, cwd=base_dir)
+    child = ChildProcess(
+        "gunicorn",
+        args,
         env=env,
         cwd=base_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
     )
+
+    def pump() -> None:
+        for line in child.process.stdout:
+            output(line.rstrip("\n"))
+
+    child.output_thread = threading.Thread(target=pump, name="gunicorn-output", daemon=True)
+    child.output_thread.start()
+    return child
+
+
+class SchedulerLogView:
+    """What ``make run`` prints of gunicorn's lines: the scheduler's per-tick lines made short.
+
+    The scheduler logs ``tick_started`` and a ``tick_completed`` line with every count of the
+    tick (a billing tick's is ~580 characters, every 10 s in the dev stack). At INFO this view
+    drops ``tick_started`` (and each role's and service's start-up line), shortens
+    ``tick_completed`` to one line with the counts that are not zero (``scheduler  billing tick
+    3.902 s: test_attempted=184 test_billed=182 test_failed=2``), and drops a tick that did
+    nothing; every other line passes unchanged. ``detail`` True (serve:
+    ``HARDCOUNT_LOG_LEVEL=DEBUG``) passes every line as it came.
+    """
+
+    # Said for every role and service of every worker at start, and before every tick: nothing to act on.
+    _QUIET_EVENTS = {"tick_started", "ticker_started", "service_started"}
+    # Keys of a tick line that are bookkeeping, not what the tick did.
+    _NOT_COUNTS = {"event", "role", "token", "duration_s", "recorded"}
+
+    def __init__(self, write: Callable[[str], None], *, detail: bool = False):
+        self.write = write
+        self.detail = detail
+
+    def __call__(self, line: str) -> None:
+        shown = line if self.detail else self.present(line)
+        if shown is not None:
+            self.write(shown)
+
+    def present(self, line: str) -> str | None:
+        """The line as shown at INFO, or None when it is not shown."""
+        at = line.find("event=")
+        if at < 0:
+            return line
+        from hardcount.logfmt import parse_logfmt
+
+        fields = parse_logfmt(line[at:])
+        event = fields.get("event")
+        if event in self._QUIET_EVENTS:
+            return None
+        if event != "tick_completed":
+            return line
+        counts = [
+            f"{key}={value}"
+            for key, value in fields.items()
+            if key not in self._NOT_COUNTS and not key.endswith("_run") and value not in ("0", "-", "", "False")
+        ]
+        if not counts:
+            return None
+        duration = fields.get("duration_s", "?")
+        return f"scheduler  {fields.get('role', '?')} tick {duration} s: " + " ".join(counts)
 
 
 # --- webhook receiver ---------------------------------------------------------------------------------------------
@@ -422,20 +503,40 @@ def signature_verdict(header: str, body: bytes, secrets: Iterable[str]) -> str:
 
 
 class WebhookReceiver:
-    """A local endpoint that logs every webhook POSTed to it and answers 200.
+    """A local endpoint that logs the webhooks POSTed to it and answers 200.
 
-    Each delivery is logged as one line: event id, type, mode, and whether the signature
-    verifies against one of ``secrets()`` (a callable, so secrets learned after the
-    receiver started count). ``received`` keeps the last 1,000 parsed bodies, newest last
-    (tests); ``count`` counts them all. With ``log_first`` set, only that many deliveries are
-    logged one by one (a seeded demo book sends thousands).
+    A delivery is logged as one line: event id, type, mode, and whether the signature verifies
+    against one of ``secrets()`` (a callable, so secrets learned after the receiver started
+    count). Up to ``burst`` deliveries per ``window_s`` seconds are logged one by one; beyond
+    that (a seeded demo book sends thousands in its first minutes) the receiver samples: it
+    counts the rest and logs one summary line per window (how many, how many signatures were
+    rejected) until a window sees no more than ``burst`` again. :meth:`flush` writes a pending
+    summary once its window has passed (``serve`` calls it every second). ``received`` keeps the
+    last 1,000 parsed bodies, newest last (tests); ``count`` counts them all.
     """
 
-    def __init__(self, *, port: int = 0, secrets: Callable[[], Iterable[str]] = list, log=None):
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        secrets: Callable[[], Iterable[str]] = list,
+        log=None,
+        burst: int = 25,
+        window_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.secrets = secrets
         self.received: collections.deque[dict] = collections.deque(maxlen=1000)
         self.count = 0
-        self.log_first: int | None = None
+        self.burst = burst
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window_started = clock()
+        self._in_window = 0
+        self._hidden = 0
+        self._hidden_rejected = 0
+        self._sampling = False
         self._log = log or (lambda line: logger.info("%s", line))
         receiver = self
 
@@ -466,15 +567,47 @@ class WebhookReceiver:
             return
         if not isinstance(payload, dict):
             payload = {"data": payload}
-        self.received.append(payload)
-        self.count += 1
-        if self.log_first is not None and self.count > self.log_first:
-            if self.count == self.log_first + 1:
-                self._log("webhook  … further deliveries are not logged one by one (see the progress line)")
-            return
         verdict = signature_verdict(signature_header, body, self.secrets())
         mode = "live" if payload.get("livemode") else "test"
-        self._log(f"webhook  {payload.get('id', '?')} {payload.get('type', '?')} ({mode}) {verdict}")
+        with self._lock:
+            self.received.append(payload)
+            self.count += 1
+            summary = self._roll_window()
+            self._in_window += 1
+            if self._sampling or self._in_window > self.burst:
+                self._sampling = True
+                self._hidden += 1
+                self._hidden_rejected += verdict != "signature ok"
+                line = None
+            else:
+                line = f"webhook  {payload.get('id', '?')} {payload.get('type', '?')} ({mode}) {verdict}"
+        for text in (summary, line):
+            if text:
+                self._log(text)
+
+    def _roll_window(self) -> str | None:
+        """Under the lock: start a new window once ``window_s`` has passed; the summary of the old one, if any."""
+        now = self._clock()
+        if now - self._window_started < self.window_s:
+            return None
+        summary = None
+        if self._hidden:
+            rejected = f"{self._hidden_rejected} signatures NOT verified" if self._hidden_rejected else "signatures ok"
+            summary = (
+                f"webhook  … {self._hidden} more deliveries in {now - self._window_started:.0f} s, sampled: "
+                f"not logged one by one ({rejected}; {self.count} received in all)"
+            )
+        # Sampling goes on while the rate stays above the burst.
+        self._sampling = self._in_window > self.burst
+        self._window_started, self._in_window, self._hidden, self._hidden_rejected = now, 0, 0, 0
+        return summary
+
+    def flush(self) -> None:
+        """Write the summary of a window that has passed with deliveries not logged one by one."""
+        with self._lock:
+            summary = self._roll_window() if self._hidden else None
+        if summary:
+            self._log(summary)
 
     def start(self) -> WebhookReceiver:
         """Serve in a daemon thread; returns self."""

@@ -1,19 +1,24 @@
-"""``seed_demo``: the demo book is deterministic for a seed, has the mix it advertises, and is clean."""
+"""``seed_demo``: the demo book is deterministic for a seed, has the mix it advertises, and is clean; what
+``make run`` prints of it (seed line, progress line, drain summary) counts the same rows the same way."""
 
 from __future__ import annotations
 
 import io
+import re
 from datetime import UTC, datetime
 
 import pytest
 from django.core.management import CommandError, call_command
 
-from billing.models import Customer, LedgerEntry, Subscription
+from billing.models import BillingRun, Customer, LedgerEntry, Subscription
 from billing.periods import period_start
+from billing.services.drain import drain_due
+from devstack.demo_progress import DemoWatch, drain_summary, read_progress
 from devstack.seed import CARD_DECLINES, CARD_OK, CARD_UNKNOWN_PREFIX, FAILING_WEBHOOK_URL
 from hardcount.models import Tenant
 from ops import doctor
 from outbox.models import Delivery, Event, WebhookEndpoint
+from tests.billing.conftest import localstripe_base, proxy_session, stripe_proxy  # noqa: F401 - fixtures
 
 # March 1st: the 29th-31st anchors fall in January, and February clamps their next period to the 28th.
 NOW = "2027-03-01T09:30:00Z"
@@ -128,3 +133,41 @@ def test_a_tenant_with_a_book_is_left_alone_unless_forced():
     assert Subscription.objects.filter(tenant_id=tenant_id).count() == 400
     # The endpoints are reused, not doubled.
     assert WebhookEndpoint.objects.filter(tenant_id=tenant_id).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_seed_line_progress_line_and_drain_summary_agree_and_survive_a_restart(stripe_proxy):  # noqa: F811
+    tenant = Tenant.objects.create(name="Demo")
+    lines: list[str] = []
+    watch = DemoWatch(tenant.id, write=lines.append, done_lines=lambda: ["  admin …"])
+
+    assert watch.start(webhook_url=None, subscriptions=60)
+    seeded = re.search(r"(\d+) due now \((\d+) with a card that declines, (\d+) with one that fails", lines[-1])
+    due, declining, failing = map(int, seeded.groups())
+    before = read_progress(tenant.id)
+    assert before.due == due and before.billed == 0 and before.failed == 0
+    assert watch.line().startswith(f"billing  due {due} · billed 0 (paid 0, declined 0)")
+
+    run = drain_due(livemode=False, trigger=BillingRun.SCHEDULER)
+    printed = watch.line().splitlines()
+    after = read_progress(tenant.id)
+    summary = drain_summary(tenant.id, run, since=watch.since)
+
+    # One set of words: the drain's billed are the invoices paid or declined, its failed the ladder.
+    assert (summary.attempted, summary.billed, summary.failed) == (run.attempted, run.billed, run.failed)
+    assert (summary.paid, summary.declined, summary.failed) == (after.paid, after.declined, after.failed)
+    assert summary.attempted == due == summary.billed + summary.failed
+    assert 0 < after.declined <= declining and 0 < after.failed <= failing  # credit may pay a few in full
+    assert printed[0] == f"billing  {after.text().splitlines()[0]}"
+    assert printed[2].startswith(
+        f"First drain completed: {due} attempted, {after.billed} billed (paid {after.paid}, declined "
+        f"{after.declined}), {after.failed} failed (retry ladder)"
+    )
+    assert printed[3] == "  admin …"
+    # The always-down endpoint's deliveries are counted apart (nothing delivers in this test).
+    assert after.delivered == 0 and after.down_pending > 0 and after.down_circuit_open is False
+
+    # A restarted serve reads the same counts from the rows: nothing is kept in memory.
+    restarted = DemoWatch(tenant.id, write=lines.append, done_lines=list)
+    assert not restarted.start(webhook_url=None, subscriptions=60)
+    assert restarted.line().splitlines()[:2] == f"billing  {after.text()}".splitlines()

@@ -6,6 +6,7 @@ Each test starts ``serve`` against the test database (through ``DATABASE_URL``) 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,11 +181,64 @@ def test_first_start_seeds_the_demo_book_and_reports_until_the_first_drain_bille
         done_at = serve.lines.index(summary)
         assert serve.lines[done_at + 1].strip().startswith("admin")
         assert "login: operator / " in serve.lines[done_at + 1]
+        # The seed line, the last progress line and the summary count the same things the same way.
+        due = int(re.search(r"seeded in [\d.]+ s: (\d+) due now", "\n".join(serve.lines)).group(1))
+        counts = re.match(
+            r"billing  due \d+ · billed (\d+) \(paid (\d+), declined (\d+)\) · failed (\d+)", serve.lines[done_at - 2]
+        )
+        billed, paid, declined, failed = map(int, counts.groups())
+        assert summary.startswith(
+            f"First drain completed: {due} attempted, {billed} billed (paid {paid}, declined {declined}), "
+            f"{failed} failed (retry ladder)"
+        ), (summary, serve.lines[done_at - 2])
+        assert (
+            serve.lines[done_at - 1].startswith("webhooks ") and "always-down demo endpoint" in serve.lines[done_at - 1]
+        )
+        assert any(line.strip().startswith("always-down    http://127.0.0.1:9/") for line in serve.lines)
 
         test_key = serve.banner_value("test key")
         status, invoices = serve.api("GET", "/v1/invoices?limit=100", test_key)
         assert status == 200 and len(invoices["data"]) >= 30
         assert {i["status"] for i in invoices["data"]} <= {"paid", "open"}
+    finally:
+        if serve.process.poll() is None:
+            serve.process.send_signal(signal.SIGTERM)
+            try:
+                serve.process.wait(60)
+            except subprocess.TimeoutExpired:
+                serve.process.kill()
+
+
+def test_the_banner_names_test_payment_methods_and_its_commands_bill_a_customer(tmp_path):
+    serve = Serve(tmp_path / "var")
+    try:
+        serve.wait_ready()
+        banner = "\n".join(serve.lines)
+        for pm in (
+            "pm_card_visa",
+            "pm_card_chargeDeclined",
+            "pm_card_chargeCustomerFail",
+            "pm_card_authenticationRequired",
+        ):
+            assert f"    {pm} " in banner
+        start = next(i for i, line in enumerate(serve.lines) if line.strip().startswith("Bill a customer"))
+        commands = []
+        for line in serve.lines[start + 2 :]:
+            if not line.startswith("    "):
+                break
+            commands.append(line[4:])
+
+        # Run as printed: a customer with pm_card_visa, a price, a subscription; the billing loop bills it.
+        done = subprocess.run(
+            ["bash", "-e", "-c", "\n".join(commands)], capture_output=True, text=True, timeout=60, check=False
+        )
+
+        assert done.returncode == 0, done.stderr
+        ids, status, invoices = done.stdout.splitlines()[:3]
+        assert status == "active", done.stdout
+        invoices = json.loads(invoices)["data"]
+        assert [(i["status"], i["subscription"]) for i in invoices] == [("paid", ids.split()[2])]
+        assert not any("payment_method_missing" in line for line in serve.lines)
     finally:
         if serve.process.poll() is None:
             serve.process.send_signal(signal.SIGTERM)

@@ -57,12 +57,15 @@ class Command(BaseCommand):
         elapsed = time.perf_counter() - started
         self.stdout.write(
             f"Seeded {summary.subscriptions} subscriptions for tenant {tenant_id} in {elapsed:.1f} s: "
-            f"{summary.due} due now, {summary.trialing} trialing, {summary.declining_cards} declining cards, "
-            f"{summary.failing_cards} failing at the gateway, {summary.credit_balances} credit balances, "
+            f"{summary.due} due now ({summary.due_declining} with a card that declines, {summary.due_failing} with "
+            f"one that fails at the gateway), {summary.trialing} trialing, {summary.credit_balances} credit balances, "
             f"{summary.events} events."
         )
         endpoints = "a receiver at " + webhook_url + " and " if webhook_url else "(no receiver URL known) "
-        self.stdout.write(f"Webhook endpoints: {endpoints}one that always fails ({FAILING_WEBHOOK_URL}).")
+        self.stdout.write(
+            f"Webhook endpoints: {endpoints}one that always fails ({FAILING_WEBHOOK_URL}, on purpose: nothing listens "
+            "there, so its deliveries show retries and the circuit breaker)."
+        )
 
     def _tenant(self, name: str | None, webhook_url: str | None) -> tuple[str, str | None]:
         if name is None:

@@ -10,14 +10,22 @@ It starts, in order:
 2. the demo tenant with a test and a live key, and the admin's ``operator`` superuser, both
    reused across restarts (plaintext kept in ``var/``, development only: see
    :mod:`devstack.demo`);
-3. a local webhook receiver that logs each delivery and checks its signature;
+3. a local webhook receiver that logs each delivery (a sample while they arrive in bulk) and
+   checks its signature;
 4. gunicorn with ``hardcount/gunicorn.conf.py`` on ``127.0.0.1:$HARDCOUNT_PORT`` (8000), with
-   ``HARDCOUNT_RUN_SCHEDULER=1`` so the scheduler runtime runs in the web workers;
+   ``HARDCOUNT_RUN_SCHEDULER=1`` so the scheduler runtime runs in the web workers; its lines go
+   through :class:`devstack.stack.SchedulerLogView` (one short line per tick that did something;
+   every line as it came with ``HARDCOUNT_LOG_LEVEL=DEBUG``), its access log only with
+   ``HARDCOUNT_ACCESS_LOG=1``;
 
-then registers the receiver as the demo tenant's webhook endpoint, prints where to go, and
-waits. Ctrl-C or SIGTERM stops gunicorn gracefully (its workers release their leases),
-then the receiver, the strict dev Stripe and localstripe. The embedded PostgreSQL is left
-running for the next command (``make stop-db`` stops it), as everywhere else.
+then registers the receiver as the demo tenant's webhook endpoint, prints where to go (the
+keys, the test payment methods, the commands that bill a customer), and supervises. A
+database error in the supervisor's own reads (the progress line) never stops the stack:
+:class:`DatabaseRetry` closes the connection, says so once and retries with backoff. Ctrl-C
+or SIGTERM stops gunicorn gracefully (its workers release their leases), then the receiver,
+the strict dev Stripe and localstripe. The embedded PostgreSQL is left running for the next
+command (``make stop-db`` stops it), as everywhere else
+(docs/decisions/0131-dev-stack-resilience-and-first-run.md).
 """
 
 from __future__ import annotations
@@ -26,21 +34,26 @@ import json
 import os
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from devstack import demo as demo_credentials
+from devstack.seed import FAILING_WEBHOOK_URL
 from devstack.stack import (
     ChildProcess,
     LocalStripe,
+    SchedulerLogView,
     StrictStripeProcess,
     WebhookReceiver,
     port_is_free,
@@ -59,8 +72,23 @@ SUPERVISE_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 # Development defaults for the children; any value set in the environment wins.
 DEV_ENV_DEFAULTS = {"HARDCOUNT_BILLING_INTERVAL_S": "10", "PYTHONUNBUFFERED": "1"}
+# HARDCOUNT_ACCESS_LOG=1: gunicorn's access log on the terminal too (one line per request).
+ACCESS_LOG_ENV = "HARDCOUNT_ACCESS_LOG"
+# Backoff of the supervisor's database reads after an error: 1 s, doubling, at most this.
+DB_RETRY_MAX_S = 30.0
+# Stripe's test PaymentMethods the dev Stripe knows (devstack/devstripe.py), as the banner and README list them.
+TEST_PAYMENT_METHODS = (
+    ("pm_card_visa", "charges"),
+    ("pm_card_chargeDeclined", "declines (generic_decline): invoice open, past_due, dunning retries"),
+    ("pm_card_chargeDeclinedInsufficientFunds", "declines (insufficient_funds)"),
+    ("pm_card_chargeCustomerFail", "attaches, then every charge declines"),
+    ("pm_card_authenticationRequired", "declines off-session (authentication_required)"),
+    ("pm_unknown (any unknown id)", "fails at the gateway (404): no decline, the period waits on the retry ladder"),
+)
 # How long the strict dev Stripe remembers an idempotency key: Stripe's 24 hours unless set.
 DEV_STRIPE_KEY_TTL_ENV = "HARDCOUNT_DEV_STRIPE_KEY_TTL_S"
+
+T = TypeVar("T")
 
 
 class Stopped(Exception):
@@ -105,6 +133,67 @@ def wants_localstripe(environ=os.environ) -> bool:
     return environ.get("STRIPE_API_KEY", DEV_STRIPE_KEY) == DEV_STRIPE_KEY
 
 
+class DatabaseRetry:
+    """Runs the supervisor's database reads so that a database error never stops the stack.
+
+    :meth:`call` runs ``fn()`` and returns its result. On a ``DatabaseError`` (a terminated
+    session, a restarted server) it closes the broken connection (the next call opens a new
+    one), says so once through ``write``, returns None and refuses further calls (None at once)
+    for a backoff of 1 s, 2 s, 4 s … up to ``max_s``; the first call that succeeds again says so
+    and resets the backoff.
+    """
+
+    def __init__(self, write: Callable[[str], None], *, max_s: float = DB_RETRY_MAX_S, clock=time.monotonic):
+        self.write = write
+        self.max_s = max_s
+        self.clock = clock
+        self.failures = 0
+        self.failed_at: float | None = None
+        self.retry_at = 0.0
+
+    @property
+    def failing(self) -> bool:
+        """True from a failed call until one succeeds."""
+        return self.failures > 0
+
+    def call(self, fn: Callable[[], T]) -> T | None:
+        """``fn()``, or None when it raised ``DatabaseError`` (or ``InterfaceError``) or a backoff is running."""
+        now = self.clock()
+        if now < self.retry_at:
+            return None
+        try:
+            result = fn()
+        except (DatabaseError, InterfaceError) as exc:
+            _close_quietly()
+            self.failures += 1
+            delay = min(self.max_s, 2.0 ** (self.failures - 1))
+            self.retry_at = now + delay
+            if self.failures == 1:
+                self.failed_at = now
+                detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+                self.write(
+                    f"database: the supervisor's query failed ({type(exc).__name__}: {detail}); the stack keeps "
+                    "serving, and serve retries with backoff (1 s, 2 s, 4 s … up to "
+                    f"{self.max_s:.0f} s) without saying so again."
+                )
+            return None
+        if self.failures:
+            self.write(
+                f"database: back after {now - (self.failed_at or now):.0f} s ({self.failures} failed "
+                f"attempt{'s' if self.failures != 1 else ''}); progress lines resume."
+            )
+            self.failures, self.failed_at, self.retry_at = 0, None, 0.0
+        return result
+
+
+def _close_quietly() -> None:
+    """Close the default connection after an error; closing a broken one may raise too."""
+    try:
+        connections[DEFAULT_DB_ALIAS].close()
+    except (DatabaseError, InterfaceError):
+        pass
+
+
 class Command(BaseCommand):
     help = "Run the development stack: localstripe, the demo tenant, a webhook receiver and gunicorn."
 
@@ -132,13 +221,21 @@ class Command(BaseCommand):
             demo = demo_credentials.ensure_demo_tenant(var_dir / "demo-keys.json")
             operator = demo_credentials.ensure_operator(var_dir / "operator.json")
             receiver = self._make_receiver(demo)
+            # The receiver, and the demo book's always-down endpoint: allowed, so its deliveries are
+            # really refused by a closed port (retries, then the circuit breaker), not by the policy.
+            down = FAILING_WEBHOOK_URL.split("/")[2]
             os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = (
-                f"{os.environ.get('HARDCOUNT_OUTBOUND_ALLOW', '')},127.0.0.1:{receiver.port}"
+                f"{os.environ.get('HARDCOUNT_OUTBOUND_ALLOW', '')},127.0.0.1:{receiver.port},{down}"
             )
             connections.close_all()  # this process only supervises from here on
 
+            detail = os.environ.get("HARDCOUNT_LOG_LEVEL", "INFO").upper() == "DEBUG"
             gunicorn = start_gunicorn(
-                base_dir=Path(settings.BASE_DIR), bind=f"127.0.0.1:{port}", env=self._child_env(port, stripe_api_base)
+                base_dir=Path(settings.BASE_DIR),
+                bind=f"127.0.0.1:{port}",
+                env=self._child_env(port, stripe_api_base),
+                access_log=os.environ.get(ACCESS_LOG_ENV) == "1",
+                output=SchedulerLogView(self._write_line, detail=detail),
             )
             receiver.start()
             base_url = f"http://127.0.0.1:{port}"
@@ -178,10 +275,10 @@ class Command(BaseCommand):
         """Hook: runs once the API answers and before the banner is printed.
 
         Seeds the demo book on first start (``HARDCOUNT_DEMO_SUBSCRIPTIONS``, default 2,000;
-        :mod:`devstack.demo_progress`), its working webhook endpoint being the local receiver,
-        which then logs only its first deliveries one by one (the progress line counts the rest).
+        :mod:`devstack.demo_progress`), its working webhook endpoint being the local receiver
+        (which samples while deliveries arrive in bulk; the progress line counts them all).
         """
-        from devstack.demo_progress import RECEIVER_LOG_FIRST, DemoWatch
+        from devstack.demo_progress import DemoWatch
 
         username, password = ctx.operator
         self._demo_watch = DemoWatch(
@@ -189,15 +286,14 @@ class Command(BaseCommand):
             write=self.stdout.write,
             done_lines=lambda: [f"  admin          {ctx.base_url}/admin/   login: {username} / {password}"],
         )
-        if self._demo_watch.start(webhook_url=ctx.receiver.url):
-            ctx.receiver.log_first = RECEIVER_LOG_FIRST
+        self._demo_watch.start(webhook_url=ctx.receiver.url)
 
     def progress_line(self, ctx: ServeContext) -> str | None:
         """Hook: called every ``PROGRESS_EVERY_S`` seconds while serving; a returned line is printed.
 
-        The demo book's line (due, billed, failed, waiting, parked, deliveries) until the first
-        drain has ended, then that drain's summary with the admin URL and login; afterwards a
-        line only when something changed.
+        The demo book's line (due, billed, failed, parked, deliveries) until the first drain has
+        ended, then that drain's summary with the admin URL and login; afterwards a line only
+        when something changed. A ``DatabaseError`` raised here is retried by the supervisor.
         """
         watch = getattr(self, "_demo_watch", None)
         return watch.line() if watch is not None else None
@@ -321,11 +417,6 @@ class Command(BaseCommand):
             for mode, e in (demo.extra.get("webhook_endpoints") or {}).items()
             if e.get("url") == ctx.receiver.url
         )
-        curl = (
-            f"curl -sS -X POST {ctx.base_url}/v1/customers \\\n"
-            f'        -H "Authorization: Bearer {demo.test_key}" -H "Content-Type: application/json" \\\n'
-            """        -d '{"email": "jenny@example.com", "name": "Jenny Rosen"}'"""
-        )
         lines = [
             "",
             self.style.SUCCESS("Hardcount is running.") + " Ctrl-C stops it.",
@@ -339,18 +430,43 @@ class Command(BaseCommand):
             f"  metrics        {ctx.base_url}/metrics",
             f"  gateway        {gateway}",
             f"  doctor         STRIPE_API_BASE={ctx.stripe_api_base} python manage.py doctor --gateway",
-            f"  webhooks       {ctx.receiver.url} logs each delivery below; endpoint for {hooked or 'no mode'}",
+            f"  webhooks       {ctx.receiver.url} logs each delivery below (sampled while they arrive in bulk: one",
+            f"                 summary line per 5 s); endpoint for {hooked or 'no mode'}",
+        ]
+        if self._has_always_down_endpoint(demo.tenant_id):
+            lines += [
+                f"  always-down    {FAILING_WEBHOOK_URL}: the demo book's second endpoint.",
+                "                 Nothing listens there, on purpose: its deliveries stay pending to show retries and",
+                "                 the circuit breaker (docs/decisions/0032); the progress line counts them apart.",
+            ]
+        lines += [
             f"  database       {database}",
             "",
-            "  Create a customer (test mode):",
+            "  Test payment methods (a customer's default_payment_method; Stripe's test ids, known to the dev Stripe):",
             "",
-            "    " + curl,
+            *(f"    {pm:<40} {what}" for pm, what in TEST_PAYMENT_METHODS),
+            "",
+            "  Bill a customer (test mode, bash; the billing loop bills a new subscription within 10 s):",
+            "",
+            *(f"    {command}" for command in banner_commands(ctx.base_url, demo.test_key)),
             "",
         ]
         self.stdout.write("\n".join(lines))
         self.stdout.flush()
 
+    def _has_always_down_endpoint(self, tenant_id: str) -> bool:
+        from outbox.models import WebhookEndpoint
+
+        try:
+            return WebhookEndpoint.objects.filter(
+                tenant_id=tenant_id, livemode=False, url=FAILING_WEBHOOK_URL, deleted_at__isnull=True
+            ).exists()
+        except (DatabaseError, InterfaceError):
+            _close_quietly()
+            return False
+
     def _supervise(self, ctx: ServeContext, stop: threading.Event) -> None:
+        database = DatabaseRetry(self._write_line)
         waited = 0.0
         while not stop.wait(SUPERVISE_EVERY_S):
             if ctx.gunicorn.poll() is not None:
@@ -361,13 +477,20 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"the strict dev Stripe exited with code {ctx.strict_stripe.child.poll()}; stopping."
                 )
+            ctx.receiver.flush()
             waited += SUPERVISE_EVERY_S
-            if waited >= PROGRESS_EVERY_S:
+            # While the database fails, every supervise step may retry (the backoff spaces them).
+            if waited >= PROGRESS_EVERY_S or database.failing:
                 waited = 0.0
-                line = self.progress_line(ctx)
+                line = database.call(lambda: self.progress_line(ctx))
                 if line:
-                    self.stdout.write(line)
+                    self._write_line(line)
         self.stdout.write("Stopping… (Ctrl-C again to kill at once)")
+
+    def _write_line(self, line: str) -> None:
+        """Write one line (or several joined by newlines) at once, from any thread."""
+        self.stdout.write(line)
+        self.stdout.flush()
 
     def _stop(self, gunicorn, receiver, localstripe, strict_stripe=None) -> None:
         # gunicorn first: its workers may still be charging through the strict dev Stripe; then the
@@ -375,6 +498,8 @@ class Command(BaseCommand):
         if gunicorn is not None:
             graceful_s = float(os.environ.get("HARDCOUNT_GRACEFUL_TIMEOUT_S", "15"))
             gunicorn.stop(graceful_s + 5)
+            if gunicorn.output_thread is not None:
+                gunicorn.output_thread.join(5)  # its last lines (the workers' shutdown) come before ours
         if receiver is not None:
             receiver.stop()
         if strict_stripe is not None:
@@ -383,6 +508,25 @@ class Command(BaseCommand):
             localstripe.stop()
         if gunicorn is not None:
             self.stdout.write("Stopped gunicorn" + (" and localstripe." if localstripe else "."))
+
+
+def banner_commands(base_url: str, test_key: str) -> list[str]:
+    """The banner's shell commands: a customer with ``pm_card_visa``, a price, a subscription, then its invoice.
+
+    Plain bash with curl and python3 (``make run`` needs nothing else); the system test runs them as printed.
+    """
+    return [
+        f'API={base_url}/v1 AUTH="Authorization: Bearer {test_key}"',
+        r'post() { curl -sS -X POST "$API/$1" -H "$AUTH" -H "Content-Type: application/json" -d "$2"; }',
+        r"""field() { python3 -c "import json, sys; d = json.load(sys.stdin); print(d.get('$1', d))"; }""",
+        r"""CUS=$(post customers '{"email": "jenny@example.com", "default_payment_method": "pm_card_visa"}' """
+        r"""| field id)""",
+        r"""PRICE=$(post prices '{"amount": 2000, "currency": "usd", "interval": "month"}' | field id)""",
+        r'SUB=$(post subscriptions "{\"customer\": \"$CUS\", \"price\": \"$PRICE\"}" | field id)',
+        r'echo "$CUS $PRICE $SUB"; sleep 15',
+        r'curl -sS "$API/subscriptions/$SUB" -H "$AUTH" | field status             # active',
+        r'curl -sS "$API/invoices?subscription=$SUB" -H "$AUTH"; echo              # one invoice, "status": "paid"',
+    ]
 
 
 def _duration(seconds: float) -> str:
