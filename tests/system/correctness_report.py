@@ -49,7 +49,8 @@ def render(rows: list[dict], *, status: int | None, command: str) -> str:
     """The Markdown block: machine line, command, table, verdict."""
     lines = [
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores ({_cpu_model()}), "
-        f"load average at the end {_load()}; PostgreSQL embedded (pgserver), localstripe behind tests/stripe_proxy.py.",
+        f"load average at the end {_load()}; PostgreSQL embedded (pgserver), "
+        "localstripe behind devstack/strict_stripe.py.",
         "",
         f"Command: `{command}`",
         "",

@@ -1,7 +1,7 @@
 """The billing role in real ``runscheduler`` replicas: a deposed leader writes nothing; a long drain keeps its lease.
 
 The replicas charge through the fault-injecting proxy in front of localstripe
-(``tests/stripe_proxy.py``), which also keeps Stripe's idempotency; a per-request delay on
+(``devstack/strict_stripe.py``), which also keeps Stripe's idempotency; a per-request delay on
 PaymentIntent creation makes the drain slow enough to stop or sample it mid-way.
 """
 

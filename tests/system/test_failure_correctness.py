@@ -2,7 +2,7 @@
 
 Every experiment runs real processes against one PostgreSQL and the real ``stripe`` library
 talking to localstripe through the fault-injecting, idempotency-keeping proxy
-(tests/stripe_proxy.py); after each, the money-invariant sweep (``manage.py doctor``'s checks)
+(devstack/strict_stripe.py); after each, the money-invariant sweep (``manage.py doctor``'s checks)
 must find nothing. Each prints a line of the report table (``make correctness`` collects them
 into docs/benchmarks/failure-correctness.md's table).
 
