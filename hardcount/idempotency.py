@@ -85,16 +85,20 @@ RETURNING r.id
 # claim has just taken over (created_at = now()) is rechecked on its new version and kept;
 # SKIP LOCKED leaves rows an API request is writing to the next batch or tick. Uses the
 # index on created_at, so a batch reads about %(limit)s index entries.
+# The batch is a MATERIALIZED CTE, evaluated exactly once: as an ``IN (subquery)`` the planner may
+# re-run a ``LIMIT … SKIP LOCKED`` subquery, and one batch then deletes more than its limit.
 _PRUNE_BATCH_SQL = f"""
+WITH batch AS MATERIALIZED (
+    SELECT id FROM {_TABLE}
+    WHERE created_at < now() - %(retention)s
+      AND (completed_at IS NOT NULL OR created_at < now() - %(stale)s)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 DELETE FROM {_TABLE} AS r
-WHERE r.id IN (
-        SELECT id FROM {_TABLE}
-        WHERE created_at < now() - %(retention)s
-          AND (completed_at IS NOT NULL OR created_at < now() - %(stale)s)
-        ORDER BY created_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    )
+USING batch
+WHERE r.id = batch.id
   AND r.created_at < now() - %(retention)s
   AND (r.completed_at IS NOT NULL OR r.created_at < now() - %(stale)s)
 """
