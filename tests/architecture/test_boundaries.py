@@ -28,6 +28,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("ops", "outbox.metrics"): "the dashboard shows the same delivery backlog as /metrics",
     ("ops", "leases.services"): "the dashboard shows each role's holder and last stamp",
     ("devstack", "billing.models"): "the demo book is seeded and its first drain watched through billing's rows",
+    ("devstack", "billing.queries"): "the progress line counts due subscriptions with the drain's own due predicate",
     ("devstack", "billing.representations"): "the seeded book's events carry the same data the API shows",
     ("devstack", "outbox.services"): "the seeded book writes its events with the outbox's set-wise writer",
     ("devstack", "outbox.models"): "the progress line counts the demo book's deliveries",
