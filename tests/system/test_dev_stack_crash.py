@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from billing.models import Invoice, PaymentAttempt, Subscription
 from billing.queries import due_condition
-from devstack.stack import bind_local_port, start_localstripe
+from devstack.stack import bind_local_port
 from tests.system.harness import database_url, lease
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
@@ -251,19 +251,12 @@ def test_killing_the_billing_holder_mid_drain_charges_nobody_twice(tmp_path):
     assert " replayed " in log
 
 
-def test_negative_control_a_bare_localstripe_charges_the_resent_attempts_again(tmp_path):
-    bare = start_localstripe(store_path=tmp_path / "bare.pickle", log_path=tmp_path / "bare.log")
-    try:
-        # One kill mid-send is enough to show the duplicates a key-ignoring gateway makes.
-        _, _, report = crash_mid_drain(tmp_path / "var", {"STRIPE_API_BASE": bare.api_base}, at_least=1)
-    finally:
-        bare.stop()
-
-    # The dead holders' charges went through before their answers were recorded; re-sent under
-    # the same keys, a bare localstripe charged them again (by hand, a book of 1,500 showed 41).
-    gateway = gateway_result(report)
-    assert gateway["status"] == "fail", gateway
-    assert any("2 succeeded PaymentIntents at the gateway" in e for e in gateway["examples"]), gateway
+# The negative control is deterministic and at the gateway, not here: whether a kill catches a
+# charge that reached the gateway before its answer was lost is a race a process test cannot
+# pin down (a kill may land only on requests that never left). tests/test_strict_stripe.py::
+# test_negative_control_an_unknown_attempt_resent_is_one_intent_only_through_the_proxy re-sends
+# an unknown attempt under its key: one PaymentIntent through the strict dev Stripe, two
+# through a bare localstripe (by hand, a 1,500 book behind a bare localstripe showed 41).
 
 
 def test_a_killed_and_restarted_stack_still_replays_its_keys(tmp_path):
