@@ -282,6 +282,9 @@ SPECTACULAR_SETTINGS = {
 # development and tests.
 STRIPE_API_KEY = os.environ.get("STRIPE_API_KEY", "sk_test_hardcount_localstripe")
 STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
+# The signing secret (whsec_…) of the platform account's Stripe webhook endpoint, which posts to
+# /stripe/webhooks/platform (billing/gateway_accounts.py). Empty: that URL answers 404.
+STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
 HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
 # Past this long after a payment attempt's key was first sent, the attempt is resolved by looking
 # its PaymentIntent up, never by a re-send: Stripe forgets a key after 24 h (decision 0129).
