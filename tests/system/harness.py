@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+import pytest
 from django.conf import settings
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstack.stack import bind_local_port
 from hardcount.logfmt import parse_logfmt
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -132,6 +137,115 @@ class SchedulerProcess:
                 self.process.wait(5)
         self._reader.join(5)
         return self.process.returncode
+
+
+class ServeProcess:
+    """``manage.py serve`` as ``make run`` runs it, against the test database, its output collected line by line.
+
+    ``var_dir`` is its own ``HARDCOUNT_VAR_DIR`` and the port a free one, so it touches neither the
+    developer's database nor port 8000. It starts its own localstripe and strict dev Stripe (the
+    test's ``STRIPE_API_BASE``/``STRIPE_API_KEY`` are dropped), one web worker and no demo book unless
+    ``demo_subscriptions`` or ``env`` (applied last) say otherwise.
+    """
+
+    READY_LINE = "Hardcount is running."
+
+    def __init__(self, var_dir: Path, *, demo_subscriptions: int = 0, env: dict[str, str] | None = None):
+        with bind_local_port() as sock:
+            self.port = sock.getsockname()[1]
+        full_env = {k: v for k, v in os.environ.items() if k not in ("STRIPE_API_BASE", "STRIPE_API_KEY")}
+        full_env.update(
+            DATABASE_URL=database_url(),
+            HARDCOUNT_VAR_DIR=str(var_dir),
+            HARDCOUNT_PORT=str(self.port),
+            HARDCOUNT_WEB_WORKERS="1",
+            HARDCOUNT_DEMO_SUBSCRIPTIONS=str(demo_subscriptions),
+            HARDCOUNT_DEVSTACK="1",
+        )
+        full_env.update(env or {})
+        self.env = full_env
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve"],
+            cwd=BASE_DIR,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if self.READY_LINE in line:
+                self.ready.set()
+
+    def tail(self, n: int = 60) -> str:
+        """The last ``n`` lines printed, access-log lines left out."""
+        return "\n".join(line for line in self.lines[-n:] if '"GET /' not in line)
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        """Wait for the banner; kill serve and fail the test with its output if it never comes."""
+        if not self.ready.wait(timeout_s):
+            self.process.kill()
+            pytest.fail("serve never became ready:\n" + self.tail())
+
+    def wait_for_line(self, text: str, timeout_s: float) -> bool:
+        """True once a line containing ``text`` has been printed (polls the collected output)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def banner_value(self, label: str) -> str:
+        """The last word of the banner line that starts with ``label`` (a key, a URL)."""
+        return next(line for line in self.lines if line.strip().startswith(label)).split()[-1]
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process serve started, and theirs: found by walking the tree while serve runs."""
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            found.append(child)
+            found.extend(child.children(recursive=True))
+        return found
+
+    def workers(self) -> dict[int, psutil.Process]:
+        """This serve's gunicorn workers by pid (the arbiter's children)."""
+        arbiters = [p for p in psutil.Process(self.process.pid).children() if "gunicorn" in " ".join(p.cmdline())]
+        return {w.pid: w for a in arbiters for w in a.children()}
+
+    def api(self, method: str, path: str, key: str, body: dict | None = None) -> tuple[int, dict]:
+        """(status, JSON body) of an API request with ``key`` as the bearer."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def get(self, path: str) -> int:
+        """The status of an unauthenticated GET."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
+            return response.status
+
+    def stop(self) -> None:
+        """SIGTERM and wait (serve stops what it started); SIGKILL if it does not exit within a minute."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
 
 
 def scratch_rows(role: str = "scratch") -> list[tuple]:

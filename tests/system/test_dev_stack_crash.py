@@ -26,7 +26,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -38,8 +37,7 @@ from django.utils import timezone
 
 from billing.models import Invoice, PaymentAttempt, Subscription
 from billing.queries import due_condition
-from devstack.stack import bind_local_port
-from tests.system.harness import database_url, lease
+from tests.system.harness import ServeProcess, lease
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -62,53 +60,14 @@ CRASH_ENV = {
     "HARDCOUNT_LEASE_POLL_S": "0.2",
     "HARDCOUNT_GATEWAY_TIMEOUT_S": str(GATEWAY_TIMEOUT_S),
 }
-READY_LINE = "Hardcount is running."
 SEEDED = re.compile(r"seeded in [\d.]+ s: (\d+) due now")
 
 
-class DevStack:
-    """``manage.py serve`` with ``env`` on top of the test's environment, its output collected line by line."""
+class DevStack(ServeProcess):
+    """``manage.py serve`` with ``env`` on top, the seeded book ``SUBSCRIPTIONS`` large, two web workers."""
 
     def __init__(self, var_dir: Path, env: dict[str, str]):
-        with bind_local_port() as sock:
-            self.port = sock.getsockname()[1]
-        full_env = {k: v for k, v in os.environ.items() if k not in ("STRIPE_API_BASE", "STRIPE_API_KEY")}
-        full_env.update(
-            DATABASE_URL=database_url(),
-            HARDCOUNT_VAR_DIR=str(var_dir),
-            HARDCOUNT_PORT=str(self.port),
-            HARDCOUNT_DEMO_SUBSCRIPTIONS=str(SUBSCRIPTIONS),
-            HARDCOUNT_DEVSTACK="1",
-        )
-        full_env.update(env)
-        self.env = full_env
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
-            cwd=BASE_DIR,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if READY_LINE in line:
-                self.ready.set()
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(line for line in self.lines[-n:] if '"GET /' not in line)
-
-    def wait_ready(self, timeout_s: float = 90) -> None:
-        if not self.ready.wait(timeout_s):
-            pytest.fail("serve never became ready:\n" + self.tail())
-
-    def banner_value(self, label: str) -> str:
-        return next(line for line in self.lines if line.strip().startswith(label)).split()[-1]
+        super().__init__(var_dir, demo_subscriptions=SUBSCRIPTIONS, env=env)
 
     def doctor_api_base(self) -> str:
         """The gateway the workers charge through, from the banner's ``doctor`` line."""
@@ -122,20 +81,6 @@ class DevStack:
             if match:
                 return int(match.group(1))
         raise AssertionError("no seed line:\n" + self.tail())
-
-    def workers(self) -> dict[int, psutil.Process]:
-        """This serve's gunicorn workers by pid (the arbiter's children)."""
-        arbiters = [p for p in psutil.Process(self.process.pid).children() if "gunicorn" in " ".join(p.cmdline())]
-        return {w.pid: w for a in arbiters for w in a.children()}
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def holder_pid() -> int | None:

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 from django.db import connection
 
-from tests.system.test_serve_process import Serve
+from tests.system.harness import ServeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
@@ -28,7 +28,7 @@ FAILED_LINE = "database: the supervisor's query failed"
 BACK_LINE = "database: back after"
 
 
-def _ready_status(serve: Serve) -> int:
+def _ready_status(serve: ServeProcess) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{serve.port}/health/ready", timeout=5) as response:
             return response.status
@@ -49,7 +49,7 @@ def _terminate_every_other_session() -> int:
 
 
 def test_terminating_every_database_session_leaves_the_stack_serving(tmp_path):
-    serve = Serve(tmp_path / "var")
+    serve = ServeProcess(tmp_path / "var")
     try:
         serve.wait_ready()
         test_key = serve.banner_value("test key")

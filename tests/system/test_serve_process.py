@@ -5,111 +5,20 @@ Each test starts ``serve`` against the test database (through ``DATABASE_URL``) 
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 from django.conf import settings
-from django.db import connection
 
-from devstack.stack import bind_local_port
+from tests.system.harness import ServeProcess
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db(transaction=True)]
 
 BASE_DIR = Path(settings.BASE_DIR)
-READY_LINE = "Hardcount is running."
-
-
-def _database_url() -> str:
-    s = connection.settings_dict
-    return f"postgresql://{s['USER']}@:{s['PORT']}/{s['NAME']}?host={s['HOST']}"
-
-
-class Serve:
-    """A running ``manage.py serve`` with its output collected line by line (no demo book unless asked)."""
-
-    def __init__(self, var_dir: Path, *, demo_subscriptions: int = 0):
-        with bind_local_port() as sock:
-            self.port = sock.getsockname()[1]
-        env = {
-            **os.environ,
-            "DATABASE_URL": _database_url(),
-            "HARDCOUNT_VAR_DIR": str(var_dir),
-            "HARDCOUNT_PORT": str(self.port),
-            "HARDCOUNT_WEB_WORKERS": "1",
-            "HARDCOUNT_DEMO_SUBSCRIPTIONS": str(demo_subscriptions),
-        }
-        env.pop("STRIPE_API_BASE", None)
-        env.pop("STRIPE_API_KEY", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
-            cwd=BASE_DIR,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if READY_LINE in line:
-                self.ready.set()
-
-    def wait_ready(self, timeout_s: float = 60) -> None:
-        if not self.ready.wait(timeout_s):
-            self.process.kill()
-            pytest.fail("serve never became ready:\n" + "\n".join(self.lines))
-
-    def wait_for_line(self, text: str, timeout_s: float) -> bool:
-        """True once a line containing ``text`` has been printed (polls the collected output)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return True
-            time.sleep(0.1)
-        return False
-
-    def descendants(self) -> list[psutil.Process]:
-        """Every process serve started, and theirs: found by walking the tree while serve runs."""
-        found = []
-        for child in psutil.Process(self.process.pid).children():
-            found.append(child)
-            found.extend(child.children(recursive=True))
-        return found
-
-    def banner_value(self, label: str) -> str:
-        line = next(line for line in self.lines if line.strip().startswith(label))
-        return line.split()[-1]
-
-    def api(self, method: str, path: str, key: str, body: dict | None = None) -> tuple[int, dict]:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            data=json.dumps(body).encode() if body is not None else None,
-            method=method,
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
-
-    def get(self, path: str) -> int:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
-            return response.status
 
 
 def _gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
@@ -118,7 +27,7 @@ def _gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Proc
 
 
 def test_serve_prints_working_keys_and_sigterm_stops_gunicorn_and_localstripe(tmp_path):
-    serve = Serve(tmp_path / "var")
+    serve = ServeProcess(tmp_path / "var")
     try:
         serve.wait_ready()
         assert serve.get("/admin/login/") == 200
@@ -151,7 +60,7 @@ def test_serve_prints_working_keys_and_sigterm_stops_gunicorn_and_localstripe(tm
 
 
 def test_killed_serve_takes_its_children_with_it(tmp_path):
-    serve = Serve(tmp_path / "var")
+    serve = ServeProcess(tmp_path / "var")
     try:
         serve.wait_ready()
         children = serve.descendants()
@@ -167,7 +76,7 @@ def test_killed_serve_takes_its_children_with_it(tmp_path):
 
 
 def test_first_start_seeds_the_demo_book_and_reports_until_the_first_drain_billed_it(tmp_path):
-    serve = Serve(tmp_path / "var", demo_subscriptions=40)
+    serve = ServeProcess(tmp_path / "var", demo_subscriptions=40)
     try:
         serve.wait_ready()
         assert any("Seeding the demo book: 40 subscriptions" in line for line in serve.lines)
@@ -210,7 +119,7 @@ def test_first_start_seeds_the_demo_book_and_reports_until_the_first_drain_bille
 
 
 def test_the_banner_names_test_payment_methods_and_its_commands_bill_a_customer(tmp_path):
-    serve = Serve(tmp_path / "var")
+    serve = ServeProcess(tmp_path / "var")
     try:
         serve.wait_ready()
         banner = "\n".join(serve.lines)
