@@ -134,6 +134,12 @@ class BillingMetrics:
             families["outcomes"].add_metric([MODES[livemode], outcome], count)
         return list(families.values())
 
+    def readiness(self) -> dict:
+        """billing's part of ``/health/ready``: ``{"billing": {"paused_subscriptions": {"live": n, "test": n}}}``
+        (one statement on the caller's connection and transaction)."""
+        paused = paused_by_mode()
+        return {"billing": {"paused_subscriptions": {mode: paused.get(lm, 0) for lm, mode in MODES.items()}}}
+
     @staticmethod
     def _families() -> dict[str, Metric]:
         return {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.test import Client
 
 from billing.metrics import BillingMetrics
 from billing.models import Invoice, PaymentAttempt, Subscription
@@ -228,7 +229,7 @@ def test_dunning_does_not_retry_an_open_invoice_of_a_paused_subscription(book, t
     assert len(stripe_proxy.entries(CHARGES)) + len(stripe_proxy.entries("/confirm")) >= 1
 
 
-def test_metrics_and_the_billing_state_filter_count_paused_subscriptions_apart(book):
+def test_metrics_health_and_the_billing_state_filter_count_paused_subscriptions_apart(book):
     acme = make_keys("Acme")
     paused = book.subscribed(acme.tenant)
     book.subscribed(acme.tenant)
@@ -239,6 +240,9 @@ def test_metrics_and_the_billing_state_filter_count_paused_subscriptions_apart(b
     assert samples == {"test": 1, "live": 0}
     due = {s.labels["mode"]: s.value for s in families["hardcount_billing_due_subscriptions"].samples}
     assert due["test"] == 1  # the paused one's period is not due for a charge
+
+    ready = Client().get("/health/ready").json()
+    assert ready["billing"] == {"paused_subscriptions": {"live": 0, "test": 1}}
 
     status, listed = Api(acme.test).get("/v1/subscriptions", {"billing_state": "paused"})
     assert status == 200
