@@ -6,7 +6,6 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
-from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -14,18 +13,10 @@ from rest_framework.response import Response
 from billing import serializers as s
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
+from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog, pausing
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
-
-# ``Subscription.billing_state`` as filters: parked wins over waiting, waiting over paused, as in the property.
-_NOT_FAILING = Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True)
-BILLING_STATE_FILTERS = {
-    "parked": Q(billing_parked_at__isnull=False),
-    "waiting": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
-    "paused": _NOT_FAILING & ~Q(pause_collection_behavior=""),
-    "ok": _NOT_FAILING & Q(pause_collection_behavior=""),
-}
 
 
 class CustomerListView(ApiView):

@@ -132,3 +132,14 @@ class Subscription(TenantScoped):
         if not self.pause_collection_behavior:
             return None
         return {"behavior": self.pause_collection_behavior, "resumes_at": self.pause_collection_resumes_at}
+
+
+# ``Subscription.billing_state`` as queryset filters (the API's ``?billing_state=`` and the admin's
+# filter): parked wins over waiting, waiting over paused, as in the property.
+_NOT_FAILING = models.Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True)
+BILLING_STATE_FILTERS = {
+    "ok": _NOT_FAILING & models.Q(pause_collection_behavior=""),
+    "waiting": models.Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
+    "parked": models.Q(billing_parked_at__isnull=False),
+    "paused": _NOT_FAILING & ~models.Q(pause_collection_behavior=""),
+}
