@@ -339,3 +339,30 @@ def test_pausing_a_canceled_subscription_is_a_422_and_another_tenants_a_404(book
     assert (status, answer["error"]["code"]) == (404, "resource_missing")
     assert Subscription.objects.get(pk=sub.pk).pause_collection_behavior == ""
     assert events("subscription.paused") == []
+
+
+def test_the_reconciler_leaves_a_tax_pending_draft_of_a_paused_subscription_until_it_resumes(
+    book, tenant, stripe_proxy, settings
+):
+    from billing.services.drain import reconcile
+
+    settings.HARDCOUNT_TAX_PROVIDER = "tests.billing.fakes.DownTaxProvider"
+    sub = book.subscribed(tenant)
+    drain_due(livemode=False, trigger="manual")  # tax down: the period's invoice waits as a pending draft
+    (draft,) = _invoices(sub)
+    assert (draft.status, draft.tax_status) == (Invoice.DRAFT, Invoice.TAX_PENDING)
+    _pause(sub, "void")
+    settings.HARDCOUNT_TAX_PROVIDER = "tests.billing.fakes.TenPercentTaxProvider"
+
+    reconcile(livemode=False)
+
+    draft.refresh_from_db()
+    assert (draft.status, draft.tax_status) == (Invoice.DRAFT, Invoice.TAX_PENDING)
+    assert stripe_proxy.entries(CHARGES) == []
+
+    _resume(sub)
+    reconcile(livemode=False)
+
+    draft.refresh_from_db()
+    assert draft.status == Invoice.PAID  # finalised and charged once collection runs again
+    assert len(stripe_proxy.entries(CHARGES, "forwarded")) == 1
