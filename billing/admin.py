@@ -28,6 +28,7 @@ from billing.models import (
     Subscription,
     TestClock,
 )
+from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.services import catalog, drain, invoices
 from hardcount import audit
 from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search, short_time
@@ -99,22 +100,24 @@ class PriceAdmin(ReadOnlyAdmin):
 
 
 class BillingStateFilter(admin.SimpleListFilter):
-    """``ok``, ``waiting`` (on the retry ladder) or ``parked`` — :attr:`Subscription.billing_state` as SQL.
+    """``ok``, ``waiting`` (on the retry ladder), ``parked`` or ``paused`` — :attr:`Subscription.billing_state` as SQL.
 
-    ``waiting`` and ``parked`` are answered by the partial indexes ``subscription_waiting_idx``
-    and ``subscription_parked_idx``; ``ok`` is nearly every row, read in primary-key order.
+    ``waiting``, ``parked`` and ``paused`` are answered by the partial indexes ``subscription_waiting_idx``,
+    ``subscription_parked_idx`` and ``subscription_paused_idx``; ``ok`` is nearly every row, read in
+    primary-key order.
     """
 
     title = "billing state"
     parameter_name = "billing_state"
-    PREDICATES = {
-        "ok": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True),
-        "waiting": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
-        "parked": Q(billing_parked_at__isnull=False),
-    }
+    PREDICATES = BILLING_STATE_FILTERS
 
     def lookups(self, request, model_admin):
-        return (("ok", "ok"), ("waiting", "waiting (retry ladder)"), ("parked", "parked"))
+        return (
+            ("ok", "ok"),
+            ("waiting", "waiting (retry ladder)"),
+            ("parked", "parked"),
+            ("paused", "paused (collection)"),
+        )
 
     def queryset(self, request, queryset):
         predicate = self.PREDICATES.get(self.value())
@@ -222,7 +225,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     def object_action_applies(self, sub: Subscription, action: str) -> bool:
         if action == "retry_billing":
-            return sub.billing_state != "ok" and sub.status in Subscription.BILLABLE_STATUSES
+            return sub.billing_state in ("waiting", "parked") and sub.status in Subscription.BILLABLE_STATUSES
         if action == "cancel_at_period_end":
             return sub.status != Subscription.CANCELED and not sub.cancel_at_period_end
         return sub.status != Subscription.CANCELED

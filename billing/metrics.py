@@ -10,6 +10,8 @@ Prometheus never disagree.
 - ``hardcount_billing_oldest_due_age_seconds{mode}``: how long the oldest of them has been due (0 when none).
 - ``hardcount_billing_failing_subscriptions{mode,state}``: subscriptions with a saved billing failure,
   ``state="waiting"`` (on the retry ladder) or ``"parked"``.
+- ``hardcount_billing_paused_subscriptions{mode}``: subscriptions of a billable status whose payment collection is
+  paused (``pause_collection``), wall-clock and test-clock ones alike; the due gauge leaves their paused periods out.
 - ``hardcount_billing_cycle_duration_seconds``: histogram of scheduler drains' durations (billing runs).
 - ``hardcount_billing_invoices_total{mode,outcome}``: subscriptions attempted by billing runs, by outcome
   (``billed``, ``declined``, ``tax_pending``, ``failed``, ``skipped``).
@@ -50,6 +52,16 @@ GROUP BY livemode
 """
 
 
+# Subscriptions of a billable status with collection paused, per mode (the partial index subscription_paused_idx).
+PAUSED_SUBSCRIPTIONS = """
+SELECT livemode, count(*)
+FROM billing_subscription
+WHERE pause_collection_behavior <> ''
+  AND status = ANY(%s::text[])
+GROUP BY livemode
+"""
+
+
 def due_by_mode() -> dict[bool, tuple[int, float]]:
     """``{livemode: (due count, oldest due age in seconds)}`` for the modes that have any (caller's transaction)."""
     return {row[0]: row[1:] for row in _rows(DUE_SUBSCRIPTIONS, _DUE_PARAMS)}
@@ -58,6 +70,11 @@ def due_by_mode() -> dict[bool, tuple[int, float]]:
 def failing_by_mode() -> dict[bool, tuple[int, int]]:
     """``{livemode: (waiting, parked)}`` for the modes that have any failing subscription (caller's transaction)."""
     return {row[0]: row[1:] for row in _rows(FAILING_SUBSCRIPTIONS, [list(BILLABLE_STATUSES)])}
+
+
+def paused_by_mode() -> dict[bool, int]:
+    """``{livemode: paused count}`` for the modes that have any paused subscription (caller's transaction)."""
+    return {row[0]: row[1] for row in _rows(PAUSED_SUBSCRIPTIONS, [list(BILLABLE_STATUSES)])}
 
 
 # Durations of finished scheduler drains, bucketed (cumulative counts, then count and sum).
@@ -84,17 +101,18 @@ def _rows(sql: str, params: list[object] | None = None) -> list[tuple]:
 
 
 class BillingMetrics:
-    """The billing families of a scrape: due, oldest due, failing, cycle durations, attempt outcomes."""
+    """The billing families of a scrape: due, oldest due, failing, paused, cycle durations, attempt outcomes."""
 
     def describe(self) -> list[Metric]:
         """The families, empty (names, help, labels): touches no database."""
         return list(self._families().values())
 
     def collect(self) -> list[Metric]:
-        """The families filled from the database (four statements on the caller's connection and transaction)."""
+        """The families filled from the database (five statements on the caller's connection and transaction)."""
         families = self._families()
         due = due_by_mode()
         failing = failing_by_mode()
+        paused = paused_by_mode()
         cycle = _rows(CYCLE_DURATIONS)[0]
         outcomes = _rows(BILLING_OUTCOMES)
 
@@ -105,6 +123,7 @@ class BillingMetrics:
             waiting, parked = failing.get(livemode, (0, 0))
             families["failing"].add_metric([mode, "waiting"], waiting)
             families["failing"].add_metric([mode, "parked"], parked)
+            families["paused"].add_metric([mode], paused.get(livemode, 0))
 
         cumulative = cycle[: len(CYCLE_BUCKETS_S)]
         total, total_s = cycle[len(CYCLE_BUCKETS_S)], cycle[len(CYCLE_BUCKETS_S) + 1]
@@ -114,6 +133,12 @@ class BillingMetrics:
         for livemode, outcome, count in outcomes:
             families["outcomes"].add_metric([MODES[livemode], outcome], count)
         return list(families.values())
+
+    def readiness(self) -> dict:
+        """billing's part of ``/health/ready``: ``{"billing": {"paused_subscriptions": {"live": n, "test": n}}}``
+        (one statement on the caller's connection and transaction)."""
+        paused = paused_by_mode()
+        return {"billing": {"paused_subscriptions": {mode: paused.get(lm, 0) for lm, mode in MODES.items()}}}
 
     @staticmethod
     def _families() -> dict[str, Metric]:
@@ -132,6 +157,11 @@ class BillingMetrics:
                 "hardcount_billing_failing_subscriptions",
                 "Subscriptions with a saved billing failure: waiting on the retry ladder, or parked.",
                 labels=["mode", "state"],
+            ),
+            "paused": GaugeMetricFamily(
+                "hardcount_billing_paused_subscriptions",
+                "Subscriptions whose payment collection is paused: nothing is charged for them until it resumes.",
+                labels=["mode"],
             ),
             "cycle": HistogramMetricFamily(
                 "hardcount_billing_cycle_duration_seconds",

@@ -37,23 +37,38 @@ _NOT_FAILING = (
     "billing_subscription.billing_parked_at IS NULL AND (billing_subscription.next_billing_attempt_at IS NULL"
     " OR billing_subscription.next_billing_attempt_at <= now())"
 )
+# Collection paused for the period that is due (docs/decisions/0144): a pause, and the period starts
+# before it resumes (no resumes_at: until resumed by hand). Measured on the period's start, not on
+# now(), so a period that began during the pause is a paused one whenever the drain gets to it.
+_PERIOD_PAUSED = (
+    "(billing_subscription.pause_collection_behavior <> '' AND (billing_subscription.pause_collection_resumes_at"
+    " IS NULL OR billing_subscription.next_billing_at < billing_subscription.pause_collection_resumes_at))"
+)
 
 
 def due_predicate(
-    *, test_clock_id: str | None, as_of: datetime | None, failing_too: bool = False
+    *, test_clock_id: str | None, as_of: datetime | None, failing_too: bool = False, paused: bool = False
 ) -> tuple[str, list[object]]:
     """DUE: the SQL condition "this ``billing_subscription`` row is due", and its ``%s`` parameters in order.
 
     Due: a billable status (:data:`billing.models.subscriptions.BILLABLE_STATUSES`),
     ``next_billing_at <= as_of`` (``now()`` when None), not waiting (``next_billing_attempt_at``
     unset or passed), not parked, and on the clock ``test_clock_id`` (None: wall-clock
-    subscriptions only, the ``test_clock_id IS NULL`` of the due-scan index). ``failing_too``
+    subscriptions only, the ``test_clock_id IS NULL`` of the due-scan index), and collection not
+    paused for the due period (:data:`_PERIOD_PAUSED`; ``paused=True`` asks the opposite: the due
+    periods whose collection is paused, which :mod:`billing.services.pausing` invoices without a
+    charge). ``failing_too``
     leaves out the waiting and parked terms (an operator's retry-billing, which clears them).
     Columns are qualified with the table's name, so the condition stands in a statement that
     joins other tables. Put it in a statement with positional parameters, its own in this order.
     """
     clock = "billing_subscription.test_clock_id = %s" if test_clock_id else "billing_subscription.test_clock_id IS NULL"
-    terms = ["billing_subscription.status = ANY(%s::text[])", clock, _DUE_BY]
+    terms = [
+        "billing_subscription.status = ANY(%s::text[])",
+        clock,
+        _DUE_BY,
+        _PERIOD_PAUSED if paused else f"NOT {_PERIOD_PAUSED}",
+    ]
     params: list[object] = [list(Subscription.BILLABLE_STATUSES), *([test_clock_id] if test_clock_id else []), as_of]
     if not failing_too:
         terms.append(_NOT_FAILING)
@@ -74,6 +89,7 @@ def claim_due_page(
     as_of: datetime | None,
     exclude: list[str],
     page_size: int,
+    paused: bool = False,
 ) -> list[tuple[str, int]]:
     """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
 
@@ -84,9 +100,10 @@ def claim_due_page(
     once, so a page never exceeds ``page_size``. The claim commits at once: the close re-locks
     each subscription and re-checks it is still due for the same period
     (:func:`lock_due_subscription`), and the invoice's unique index is the hard guard
-    (docs/decisions/0010-drain-claims-and-parallel-closes.md).
+    (docs/decisions/0010-drain-claims-and-parallel-closes.md). ``paused``: claim the due periods
+    whose collection is paused instead (:func:`due_predicate`).
     """
-    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of)
+    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, paused=paused)
     tenant_filter = "AND tenant_id = %s" if tenant_id else ""
     sql = f"""
         WITH due AS (
@@ -132,6 +149,7 @@ def lock_due_subscription(
     test_clock_id: str | None,
     as_of: datetime | None,
     manual_retry: bool = False,
+    paused: bool = False,
 ) -> bool:
     """LOCK_DUE_SUBSCRIPTION: lock the subscription iff it is still due for period ``periods_billed``.
 
@@ -139,9 +157,10 @@ def lock_due_subscription(
     else, so the caller skips it. The re-check (same period index, still due by
     :func:`due_predicate` on the same clock) makes a stale claim harmless: a period that another
     close has advanced is not closed twice. ``manual_retry`` (an operator's retry-billing) ignores
-    the waiting and parked terms, which that retry clears. Returns False when the row is not locked.
+    the waiting and parked terms, which that retry clears; ``paused`` re-checks a paused period
+    instead (:func:`due_predicate`). Returns False when the row is not locked.
     """
-    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, failing_too=manual_retry)
+    due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, failing_too=manual_retry, paused=paused)
     sql = f"""
         SELECT id FROM billing_subscription
         WHERE id = %s

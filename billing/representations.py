@@ -43,6 +43,14 @@ def price_data(p) -> dict[str, Any]:
     }
 
 
+def pause_collection_data(s) -> dict[str, Any] | None:
+    """Stripe's ``pause_collection``: ``{"behavior", "resumes_at"}`` (ISO 8601 UTC or null) while paused, else None."""
+    pause = s.pause_collection
+    if pause is None:
+        return None
+    return {"behavior": pause["behavior"], "resumes_at": iso(pause["resumes_at"])}
+
+
 def subscription_data(s) -> dict[str, Any]:
     return {
         "id": s.id,
@@ -65,6 +73,7 @@ def subscription_data(s) -> dict[str, Any]:
         "next_billing_attempt_at": iso(s.next_billing_attempt_at),
         "billing_parked_at": iso(s.billing_parked_at),
         "last_billing_error": s.last_billing_error or None,
+        "pause_collection": pause_collection_data(s),
         "metadata": s.metadata,
         "created": iso(s.created_at),
     }

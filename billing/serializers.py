@@ -9,10 +9,14 @@ exactly the keys its representation function returns.
 
 from __future__ import annotations
 
-from django.core.validators import RegexValidator
-from rest_framework import serializers
+from datetime import UTC, datetime
 
-from billing.models.subscriptions import SubscriptionStatus
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+from rest_framework.fields import empty
+
+from billing.models.subscriptions import PauseBehavior, SubscriptionStatus
 from billing.periods import INTERVALS
 from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
 from hardcount.api import (
@@ -35,7 +39,8 @@ from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 
 CURRENCIES = sorted(CURRENCY_EXPONENTS)
 SUBSCRIPTION_STATUSES = SubscriptionStatus.values
-BILLING_STATES = ["ok", "waiting", "parked"]
+BILLING_STATES = ["ok", "waiting", "parked", "paused"]
+PAUSE_BEHAVIORS = PauseBehavior.values
 INVOICE_STATUSES = ["draft", "open", "paid", "void", "uncollectible"]
 
 _ID_HELP = "An id of the caller's tenant and mode; any other id is answered 404."
@@ -97,6 +102,65 @@ class SubscriptionCreate(StrictSerializer):
     metadata = MetadataField(required=False)
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "integer", "minimum": 0, "maximum": 253402300799},
+            {"type": "string", "format": "date-time"},
+        ],
+        "nullable": True,
+        "description": "When collection resumes by itself: Unix seconds (Stripe's form) or an ISO 8601 "
+        "date-time with a time zone; after the subscription's current time (its test clock's). Null or "
+        "absent: paused until resumed by hand.",
+    }
+)
+class ResumesAtField(StrictDateTimeField):
+    """Stripe's ``resumes_at``: Unix seconds, or (this API's form for times) an ISO 8601 date-time; as UTC."""
+
+    MAX_UNIX_S = 253402300799  # 9999-12-31T23:59:59Z
+
+    default_error_messages = {
+        "invalid": "Must be Unix seconds or an ISO 8601 date-time with a time zone, e.g. 2027-01-31T09:30:00Z.",
+    }
+
+    def to_internal_value(self, value):
+        if isinstance(value, bool):
+            self.fail("invalid")
+        if isinstance(value, int):
+            if not 0 <= value <= self.MAX_UNIX_S:
+                self.fail("invalid")
+            return datetime.fromtimestamp(value, UTC)
+        return super().to_internal_value(value)
+
+
+class PauseCollection(StrictSerializer):
+    """Stripe's ``pause_collection`` (https://docs.stripe.com/billing/subscriptions/pause-payment)."""
+
+    behavior = StrictChoiceField(
+        choices=PAUSE_BEHAVIORS,
+        help_text="What becomes of each invoice of a period that comes due while paused: `void` (created and "
+        "voided at once), `mark_uncollectible` (created, numbered and marked uncollectible) or `keep_as_draft` "
+        "(kept a draft, never finalised or charged). Nothing is charged while paused.",
+    )
+    resumes_at = ResumesAtField(required=False, allow_null=True)
+
+    def run_validation(self, data=empty):
+        # Stripe clears the pause with an empty string as well as with null.
+        if data == "":
+            return None
+        return super().run_validation(data)
+
+
+class SubscriptionUpdate(StrictSerializer):
+    """The body of ``POST /v1/subscriptions/{id}``: each field is optional and only those given change."""
+
+    pause_collection = PauseCollection(
+        required=False,
+        allow_null=True,
+        help_text='Pause payment collection (an object), or resume it (`null` or `""`).',
+    )
+
+
 class SubscriptionCancel(StrictSerializer):
     at_period_end = StrictBooleanField(
         required=False,
@@ -123,7 +187,8 @@ class SubscriptionListQuery(ListQuery):
         choices=BILLING_STATES,
         required=False,
         help_text="Only subscriptions in this billing state: `waiting` (a billing failure waits for its "
-        "retry-ladder step), `parked` (eight failures: billed again only after retry-billing) or `ok`.",
+        "retry-ladder step), `parked` (eight failures: billed again only after retry-billing), `paused` (payment "
+        "collection paused) or `ok`.",
     )
 
 
@@ -172,6 +237,15 @@ class Price(serializers.Serializer):
     created = serializers.DateTimeField()
 
 
+class PauseCollectionOut(serializers.Serializer):
+    """A subscription's paused collection."""
+
+    behavior = serializers.ChoiceField(choices=PAUSE_BEHAVIORS)
+    resumes_at = serializers.DateTimeField(
+        allow_null=True, help_text="When collection resumes by itself; null: when resumed by hand."
+    )
+
+
 class Subscription(serializers.Serializer):
     """A customer's subscription to a price, billed in advance at `next_billing_at`."""
 
@@ -191,14 +265,17 @@ class Subscription(serializers.Serializer):
     canceled_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
     billing_state = serializers.ChoiceField(
-        choices=["ok", "waiting", "parked"],
+        choices=BILLING_STATES,
         help_text="`waiting`: a billing failure waits for its retry-ladder step; `parked`: eight failures, "
-        "billing stopped until retry-billing.",
+        "billing stopped until retry-billing; `paused`: payment collection is paused (`pause_collection`).",
     )
     billing_failure_count = serializers.IntegerField()
     next_billing_attempt_at = serializers.DateTimeField(allow_null=True)
     billing_parked_at = serializers.DateTimeField(allow_null=True)
     last_billing_error = serializers.CharField(allow_null=True)
+    pause_collection = PauseCollectionOut(
+        allow_null=True, help_text="Set while payment collection is paused; null while it runs."
+    )
     metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
     created = serializers.DateTimeField()
 

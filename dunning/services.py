@@ -379,6 +379,17 @@ def payment_in_flight_locked(run_id: str, *, until: datetime) -> None:
     run.save()
 
 
+def collection_paused_locked(run_id: str, *, until: datetime) -> None:
+    """The invoice's subscription has its collection paused (billing's pause_collection): nothing is retried or
+    settled; act on the run again at ``until``. The retry the claim started stays started, so no scheduled
+    retry is used up while paused. No-op unless active."""
+    run = lock_objects.get_active_run_locked(run_id)
+    if run is None:
+        return
+    run.next_attempt_at = until
+    run.save()
+
+
 def subscription_canceled_locked(run_id: str, *, at: datetime) -> None:
     """Nothing more is collected for the invoice's canceled subscription: the run ends (``ended``,
     ``subscription_canceled``) at ``at``. No-op unless active."""

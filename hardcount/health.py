@@ -6,7 +6,9 @@ scheduler role with its lease holder, fencing token, last stamp and whether it i
 (stamp older than 2 × the role's interval). Staleness is reported in the body (and the
 metrics) only: a stale role does not make the replica unready, since another replica
 may be the one that should run it. Lease rows are read through the registered lease store
-(:func:`hardcount.scheduler.leadership.lease_store`): the kernel imports no app.
+(:func:`hardcount.scheduler.leadership.lease_store`): the kernel imports no app. A registered
+metrics provider with a ``readiness()`` method adds its counts to the body (billing's: the
+subscriptions whose collection is paused, per mode).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from django.db import DatabaseError, connection, transaction
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
-from hardcount.metrics import reported, role_intervals
+from hardcount.metrics import metrics_providers, reported, role_intervals
 from hardcount.scheduler.leadership import LeaseStatus, lease_store
 
 STALE_AFTER_INTERVALS = 2
@@ -66,6 +68,11 @@ def ready(request):
             with connection.cursor() as cursor:
                 cursor.execute("SELECT now()")
                 db_now = cursor.fetchone()[0]
+            counts: dict = {}
+            for provider in metrics_providers():
+                readiness = getattr(provider, "readiness", None)
+                if readiness is not None:
+                    counts.update(readiness())
     except DatabaseError as exc:
         return JsonResponse(
             {"status": "unavailable", "database": "unreachable", "error": type(exc).__name__}, status=503
@@ -73,4 +80,4 @@ def ready(request):
     intervals = role_intervals()
     leases = {role: lease for role, lease in leases.items() if reported(lease, intervals)}
     roles = {name: role_health(leases.get(name), intervals.get(name)) for name in sorted({*intervals, *leases})}
-    return JsonResponse({"status": "ok", "database": "ok", "db_now": _iso(db_now), "roles": roles})
+    return JsonResponse({"status": "ok", "database": "ok", "db_now": _iso(db_now), "roles": roles, **counts})

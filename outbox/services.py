@@ -44,6 +44,8 @@ EVENT_TYPES = (
     "subscription.billing_failed",
     "subscription.billing_parked",
     "subscription.canceled",
+    "subscription.paused",
+    "subscription.resumed",
     "test_clock.created",
     "test_clock.advanced",
     "test_clock.deleted",

@@ -6,7 +6,6 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
-from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -14,16 +13,10 @@ from rest_framework.response import Response
 from billing import serializers as s
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
+from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
-from billing.services import catalog
+from billing.services import catalog, pausing
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
-
-# ``Subscription.billing_state`` as filters: parked wins over waiting, as in the property.
-BILLING_STATE_FILTERS = {
-    "parked": Q(billing_parked_at__isnull=False),
-    "waiting": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
-    "ok": Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True),
-}
 
 
 class CustomerListView(ApiView):
@@ -164,6 +157,35 @@ class SubscriptionDetailView(ApiView):
     )
     def get(self, request, id):
         return Response(subscription_data(self.get_scoped(Subscription, id, kind="subscription")))
+
+    @extend_schema(
+        operation_id="subscriptions_update",
+        summary="Update a subscription",
+        description="Changes only the fields given. `pause_collection` pauses payment collection (Stripe's "
+        'shape: `behavior` and `resumes_at`) or, as `null` or `""`, resumes it. While paused nothing is '
+        "charged, dunning included; each period that comes due is still invoiced once and advances, its "
+        "invoice settled as `behavior` says. 422 `resumes_at_in_past` for a `resumes_at` not after the "
+        "subscription's current time, `subscription_canceled` for a pause of a canceled subscription.",
+        tags=["subscriptions"],
+        parameters=[id_path_parameter("subscription")],
+        request=s.SubscriptionUpdate,
+        responses={200: s.Subscription},
+    )
+    def post(self, request, id):
+        data = self.read_body(s.SubscriptionUpdate)
+        subscription = self.get_scoped(Subscription, id, kind="subscription")
+        if "pause_collection" in data:
+            subscription = self._update_pause_collection(id, data["pause_collection"])
+        return Response(subscription_data(subscription))
+
+    def _update_pause_collection(self, subscription_id: str, pause_collection: dict | None) -> Subscription:
+        """The body's ``pause_collection`` (docs/reference/billing.md#pausing-collection)."""
+        return pausing.update_pause_collection(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=subscription_id,
+            pause_collection=pause_collection,
+        )
 
 
 class SubscriptionCancelView(ApiView):

@@ -17,6 +17,16 @@ class SubscriptionStatus(WordChoices):
     CANCELED = "canceled"
 
 
+class PauseBehavior(WordChoices):
+    """What becomes of the invoice of a period that comes due while collection is paused (Stripe's
+    ``pause_collection.behavior``, https://docs.stripe.com/billing/subscriptions/pause-payment):
+    ``void``, ``mark_uncollectible``, ``keep_as_draft`` (docs/decisions/0144-pausing-collection.md)."""
+
+    VOID = "void"
+    MARK_UNCOLLECTIBLE = "mark_uncollectible"
+    KEEP_AS_DRAFT = "keep_as_draft"
+
+
 # Statuses the drain bills: a past_due subscription keeps being invoiced, as in Stripe
 # (docs/decisions/0053-billable-statuses.md). The due predicate (billing.queries) and the
 # due-scan index below both take it from here.
@@ -40,6 +50,7 @@ class Subscription(TenantScoped):
     # The members under the names code compares with.
     TRIALING, ACTIVE, PAST_DUE = Status.TRIALING, Status.ACTIVE, Status.PAST_DUE
     UNPAID, CANCELED = Status.UNPAID, Status.CANCELED
+    PauseBehavior = PauseBehavior
 
     id = id_field("subscription")
     customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="subscriptions")
@@ -61,6 +72,10 @@ class Subscription(TenantScoped):
     next_billing_attempt_at = models.DateTimeField(null=True, blank=True)
     billing_parked_at = models.DateTimeField(null=True, blank=True)
     last_billing_error = models.TextField(blank=True, default="")
+    # Paused collection (docs/decisions/0144): "" when collection runs; else the behavior for the
+    # periods that start before ``pause_collection_resumes_at`` (null: until resumed by hand).
+    pause_collection_behavior = models.CharField(max_length=24, blank=True, default="", choices=PauseBehavior.choices)
+    pause_collection_resumes_at = models.DateTimeField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -88,6 +103,11 @@ class Subscription(TenantScoped):
                 name="subscription_parked_idx",
                 condition=models.Q(billing_parked_at__isnull=False),
             ),
+            models.Index(
+                fields=["pause_collection_resumes_at"],
+                name="subscription_paused_idx",
+                condition=~models.Q(pause_collection_behavior=""),
+            ),
             # The admin's status filter, newest first (docs/decisions/0110).
             models.Index(fields=["status", "id"], name="subscription_admin_status_idx"),
         ]
@@ -97,9 +117,29 @@ class Subscription(TenantScoped):
 
     @property
     def billing_state(self) -> str:
-        """``parked``, ``waiting`` (a failure is pending its ladder step) or ``ok``."""
+        """``parked``, ``waiting`` (a failure is pending its ladder step), ``paused`` (collection paused) or ``ok``."""
         if self.billing_parked_at is not None:
             return "parked"
         if self.next_billing_attempt_at is not None:
             return "waiting"
+        if self.pause_collection_behavior:
+            return "paused"
         return "ok"
+
+    @property
+    def pause_collection(self) -> dict | None:
+        """Stripe's ``pause_collection``: ``{"behavior", "resumes_at"}`` while paused, else None."""
+        if not self.pause_collection_behavior:
+            return None
+        return {"behavior": self.pause_collection_behavior, "resumes_at": self.pause_collection_resumes_at}
+
+
+# ``Subscription.billing_state`` as queryset filters (the API's ``?billing_state=`` and the admin's
+# filter): parked wins over waiting, waiting over paused, as in the property.
+_NOT_FAILING = models.Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=True)
+BILLING_STATE_FILTERS = {
+    "ok": _NOT_FAILING & models.Q(pause_collection_behavior=""),
+    "waiting": models.Q(billing_parked_at__isnull=True, next_billing_attempt_at__isnull=False),
+    "parked": models.Q(billing_parked_at__isnull=False),
+    "paused": _NOT_FAILING & ~models.Q(pause_collection_behavior=""),
+}

@@ -37,7 +37,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from billing.events import test_clock_event
 from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
 from billing.models.subscriptions import BILLABLE_STATUSES
-from billing.services import dunning_pass
+from billing.services import dunning_pass, pausing
 from billing.services.drain import drain_due
 from billing.services.payments import charges_in_flight, in_flight_window
 from dunning import services as dunning_services
@@ -339,6 +339,13 @@ def _wait_out_payments_in_flight(clock: TestClock) -> None:
 def _process_instant(clock: TestClock, instant: datetime) -> bool:
     """Dunning retries, then billing, due by ``instant``. True when a subscription that closed a
     period in this pass has another one due by ``instant`` (the instant needs another pass)."""
+    resume_at = pausing.next_resume_at(test_clock_id=clock.id, after=None)
+    if resume_at is not None and resume_at <= instant:
+        # A pause that runs out at this instant ends before its dunning and billing (the drain would
+        # end it too, but only when something is due to bill).
+        pausing.collect_paused(
+            livemode=clock.livemode, tenant_id=clock.tenant_id, test_clock_id=clock.id, as_of=instant
+        )
     dunning_at = _dunning_next_due(clock, after=None)
     if dunning_at is not None and dunning_at <= instant:
         _dunning_process(clock, instant)
@@ -363,7 +370,11 @@ def _process_instant(clock: TestClock, instant: datetime) -> bool:
 
 
 def _due_by(clock: TestClock, instant: datetime) -> bool:
-    for next_due in (_billing_next_due(clock, after=None), _dunning_next_due(clock, after=None)):
+    for next_due in (
+        _billing_next_due(clock, after=None),
+        _dunning_next_due(clock, after=None),
+        pausing.next_resume_at(test_clock_id=clock.id, after=None),
+    ):
         if next_due is not None and next_due <= instant:
             return True
     return False
@@ -373,7 +384,11 @@ def _next_instant(clock: TestClock, *, after: datetime, target: datetime) -> dat
     """The earliest due instant of the clock's objects in ``(after, target]``, or None."""
     candidates = [
         at
-        for at in (_billing_next_due(clock, after=after), _dunning_next_due(clock, after=after))
+        for at in (
+            _billing_next_due(clock, after=after),
+            _dunning_next_due(clock, after=after),
+            pausing.next_resume_at(test_clock_id=clock.id, after=after),
+        )
         if at is not None and at <= target
     ]
     return min(candidates, default=None)

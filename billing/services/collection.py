@@ -22,7 +22,7 @@ invoice it follows (docs/decisions/0120).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from django.db import transaction
@@ -30,6 +30,7 @@ from django.db import transaction
 from billing.events import invoice_event, subscription_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked
 from billing.models import Invoice, PaymentAttempt, Subscription
+from billing.services import pausing
 from billing.services.payments import (
     Outcome,
     OutcomeKind,
@@ -52,6 +53,10 @@ from dunning.services import FinalAction
 from hardcount.fencing import NO_FENCE, Fence
 from hardcount.times import database_now
 
+# A run of a subscription paused with no resumes_at looks again this much later (a resume by hand
+# is not announced to dunning).
+PAUSED_RECHECK = timedelta(days=1)
+
 
 class CollectionKind(StrEnum):
     """What a collection call came to."""
@@ -60,6 +65,7 @@ class CollectionKind(StrEnum):
     IN_FLIGHT = "in_flight"  # an attempt of this invoice is being sent right now, or its outcome is unknown
     NOT_OPEN = "not_open"  # the invoice is no longer open (paid, void or uncollectible): see ``invoice_status``
     SUBSCRIPTION_CANCELED = "subscription_canceled"  # nothing is collected for a canceled subscription
+    COLLECTION_PAUSED = "collection_paused"  # the subscription's collection is paused: acted on after it resumes
     MARKED_UNCOLLECTIBLE = "marked_uncollectible"
 
 
@@ -105,9 +111,15 @@ def _retry_charging(invoice_id: str, *, run_id: str, as_of: datetime | None, fen
     with transaction.atomic():
         fence.check()
         subscription, invoice = _lock(invoice_id)
-        skip = _skip_reason(subscription, invoice)
+        skip = _skip_reason(subscription, invoice, as_of=as_of)
         if skip is not None:
-            _skipped_locked(run_id, skip, invoice.status, as_of=as_of)
+            _skipped_locked(
+                run_id,
+                skip,
+                invoice.status,
+                as_of=as_of,
+                resumes_at=getattr(subscription, "pause_collection_resumes_at", None),
+            )
             return CollectionResult(skip, invoice.status)
         customer = customer_locked(invoice.customer_id)
         clock_id = invoice_clock_id(invoice, subscription)
@@ -159,11 +171,17 @@ def mark_uncollectible(
     with transaction.atomic():
         fence.check()
         subscription, invoice = _lock(invoice_id)
-        skip = _skip_reason(subscription, invoice)
+        skip = _skip_reason(subscription, invoice, as_of=as_of)
         if skip is None and invoice.payment_attempts.filter(outcome=PaymentAttempt.UNKNOWN).exists():
             skip = CollectionKind.IN_FLIGHT
         if skip is not None:
-            _skipped_locked(run_id, skip, invoice.status, as_of=as_of)
+            _skipped_locked(
+                run_id,
+                skip,
+                invoice.status,
+                as_of=as_of,
+                resumes_at=getattr(subscription, "pause_collection_resumes_at", None),
+            )
             return CollectionResult(skip, invoice.status)
         now = billing_time(invoice_clock_id(invoice, subscription), as_of)
         invoice.status = Invoice.UNCOLLECTIBLE
@@ -181,19 +199,34 @@ def mark_uncollectible(
     return CollectionResult(CollectionKind.MARKED_UNCOLLECTIBLE, Invoice.UNCOLLECTIBLE)
 
 
-def _skip_reason(subscription: Subscription | None, invoice: Invoice) -> CollectionKind | None:
+def _skip_reason(
+    subscription: Subscription | None, invoice: Invoice, *, as_of: datetime | None = None
+) -> CollectionKind | None:
     if invoice.status != Invoice.OPEN:
         return CollectionKind.NOT_OPEN
     if subscription is not None and subscription.status == Subscription.CANCELED:
         return CollectionKind.SUBSCRIPTION_CANCELED
+    if subscription is not None and pausing.collection_paused(
+        subscription, now=billing_time(invoice_clock_id(invoice, subscription), as_of)
+    ):
+        return CollectionKind.COLLECTION_PAUSED
     return None
 
 
-def _skipped_locked(run_id: str, kind: CollectionKind, invoice_status: str, *, as_of: datetime | None) -> None:
+def _skipped_locked(
+    run_id: str,
+    kind: CollectionKind,
+    invoice_status: str,
+    *,
+    as_of: datetime | None,
+    resumes_at: datetime | None = None,
+) -> None:
     """Tell the run why its invoice was neither charged nor settled, inside the transaction that found it."""
     at = as_of or database_now()
     if kind == CollectionKind.IN_FLIGHT:
         dunning_services.payment_in_flight_locked(run_id, until=at + in_flight_window())
+    elif kind == CollectionKind.COLLECTION_PAUSED:
+        dunning_services.collection_paused_locked(run_id, until=resumes_at or at + PAUSED_RECHECK)
     elif kind == CollectionKind.SUBSCRIPTION_CANCELED:
         dunning_services.subscription_canceled_locked(run_id, at=at)
     else:

@@ -28,6 +28,7 @@ from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.queries import claim_due_page, still_due
+from billing.services import pausing
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
 from billing.services.close import hooks as close_hooks
 from billing.services.page import PreparedClose, prepare_page, record_page
@@ -124,6 +125,17 @@ def drain_due(
             return BillingRun.objects.get(pk=run.pk)
         attempted.update(carried_on[0])
         exclude.extend(carried_on[1])
+
+    # Paused periods are invoiced without a charge, and pauses that have run out end, before any claim
+    # (docs/reference/billing.md#pausing-collection).
+    try:
+        pausing.collect_paused(
+            livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
+        )
+    except DatabaseError as exc:
+        log.error("billing drain %s ended by a database error: %s", run.id, exc)
+        _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
+        return run
 
     def close(item: tuple[str, int]) -> Outcome:
         if not fence.alive():
@@ -533,6 +545,8 @@ def _reconcile_tax_charging(invoice_id: str, fence: Fence) -> str:
             return "skipped"
         clock_id = sub.test_clock_id if sub else None
         now = billing_time(clock_id)
+        if sub is not None and pausing.collection_paused(sub, now=now):
+            return "skipped"  # finalised and charged once collection resumes
         if not finalize_or_pend_locked(invoice, now=now):
             return "pending"
         customer = customer_locked(invoice.customer_id)

@@ -207,6 +207,8 @@ def test_metrics_expose_every_spec_metric_with_values_computed_from_the_rows(cli
     assert value("hardcount_billing_failing_subscriptions", mode="live", state="waiting") == 2
     assert value("hardcount_billing_failing_subscriptions", mode="live", state="parked") == 1
     assert value("hardcount_billing_failing_subscriptions", mode="test", state="waiting") == 0
+    assert value("hardcount_billing_paused_subscriptions", mode="live") == 0
+    assert value("hardcount_billing_paused_subscriptions", mode="test") == 0
 
     assert value("hardcount_billing_cycle_duration_seconds_count") == 3
     assert value("hardcount_billing_cycle_duration_seconds_sum") == pytest.approx(103.2)
