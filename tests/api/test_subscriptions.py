@@ -234,5 +234,5 @@ def test_subscription_list_filters_by_billing_state(api):
 def test_subscription_list_documents_its_filters(api):
     _, schema = api.get("/v1/openapi.json")
     params = {p["name"]: p for p in schema["paths"]["/v1/subscriptions"]["get"]["parameters"]}
-    assert params["billing_state"]["schema"]["enum"] == ["ok", "waiting", "parked"]
+    assert params["billing_state"]["schema"]["enum"] == ["ok", "waiting", "parked", "paused"]
     assert "status" in params
