@@ -87,7 +87,8 @@ def verify(account: WebhookAccount, payload: bytes, signature: str | None) -> di
         raise EventRejected(
             "signature_invalid", f"The Stripe-Signature does not verify: {exc.user_message or exc}"
         ) from None
-    except ValueError:
+    except (ValueError, AttributeError, TypeError, KeyError):
+        # After the signature verified: the library assumes a JSON object and fails on other JSON (an array).
         raise EventRejected("event_invalid", "The body is not a JSON Stripe event.") from None
     data = event.to_dict()
     obj = (data.get("data") or {}).get("object") if isinstance(data.get("data"), dict) else None
