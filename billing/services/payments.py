@@ -761,12 +761,15 @@ def record_payment_intent(invoice_id: str, result: gw.ChargeResult) -> tuple[Pay
     its answer lost) takes ``result`` as :func:`record_outcome` records a charge's answer, events and
     all; one already definite is changed only by a success (the customer paid on-session with the
     PaymentIntent's ``client_secret`` after a decline), recorded as a new attempt with no key.
-    Returns the effect and the recorded :class:`Outcome` (None when nothing was recorded).
+    Returns the effect and the recorded :class:`Outcome` (None when nothing was recorded). Raises
+    ``Invoice.DoesNotExist`` for an unknown invoice.
     """
+    # paid, void and uncollectible are final: an invoice read in one of them needs no lock to say so (the
+    # drain's claims skip locked subscriptions, so an event about a paid invoice should not hold one).
+    subscription_id, status = Invoice.objects.values_list("subscription_id", "status").get(pk=invoice_id)
+    if status not in (Invoice.DRAFT, Invoice.OPEN):
+        return PaymentIntentEffect.NOT_OPEN, None
     with transaction.atomic():
-        subscription_id = Invoice.objects.filter(pk=invoice_id).values_list("subscription_id", flat=True).first()
-        if subscription_id is None and not Invoice.objects.filter(pk=invoice_id).exists():
-            raise Invoice.DoesNotExist(f"Invoice {invoice_id} does not exist.")
         _subscription, invoice = subscription_and_invoice_locked(invoice_id, subscription_id=subscription_id)
         if invoice is None or invoice.status != Invoice.OPEN:
             return PaymentIntentEffect.NOT_OPEN, None
