@@ -16,8 +16,8 @@ def error_response(status: int, type_: str, code: str, message: str, param: str 
 
 
 class BodySizeLimitMiddleware:
-    """Refuse API (and inbound Stripe webhook) request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB) with a 413,
-    and bodies without a ``Content-Length`` (chunked transfer encoding) with a 411.
+    """Refuse API (and inbound Stripe webhook) request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB)
+    with a 413, and bodies without a ``Content-Length`` (chunked transfer encoding) with a 411.
 
     Checked on the declared ``Content-Length`` before anything reads the body. Django reads
     at most ``Content-Length`` bytes, and ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (set to the same

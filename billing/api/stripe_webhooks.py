@@ -54,7 +54,8 @@ class StripeWebhookView(APIView):
         "`payment_intent.requires_action` and `payment_intent.processing` settle the invoice's payment; "
         "`charge.refunded` and `charge.dispute.created` are recorded and mirrored to the tenant; other types "
         "are ignored (200). 400 for a missing, wrong or stale signature or a body that is not an event "
-        "(nothing written); 404 for an unknown account; 411/413 for a body without a length or over 1 MiB; 503 when the PaymentIntent could not be re-checked "
+        "(nothing written); 404 for an unknown account; 411/413 for a body without a length or over 1 MiB; "
+        "503 when the PaymentIntent could not be re-checked "
         "at Stripe (Stripe delivers the event again).",
         tags=["stripe"],
         auth=[],
