@@ -253,7 +253,8 @@ def _insert(
                 payment_intent_id=payment_intent_id[:255],
                 result=result,
                 detail=detail,
-                data=event["data"]["object"],
+                # A PaymentIntent's client_secret lets whoever holds it confirm the payment: not kept.
+                data={k: v for k, v in event["data"]["object"].items() if k != "client_secret"},
                 stripe_created_at=_created(event.get("created")),
             )
     except IntegrityError:

@@ -406,6 +406,26 @@ def test_a_stale_failure_of_an_open_invoice_is_rechecked_at_the_gateway(book, te
     assert not DunningRun.objects.exists()
 
 
+def test_negative_control_a_stale_failure_taken_as_delivered_duns_a_paid_payment(
+    book, tenant, stripe_proxy, stripe_client, monkeypatch, no_doctor
+):
+    from billing import stripe_webhooks
+
+    _sub, invoice = _processing(book, tenant, stripe_proxy)
+    stale = {
+        **_intent(stripe_client, invoice.payment_intent_id),
+        "status": "requires_payment_method",
+        "last_payment_error": {"code": "card_declined", "decline_code": "generic_decline"},
+    }
+    stripe_proxy.settle(invoice.payment_intent_id, "succeeded")
+    monkeypatch.setattr(stripe_webhooks, "FINAL_STATUSES", frozenset({"succeeded", "requires_payment_method"}))
+
+    _post(_event("payment_intent.payment_failed", stale))
+
+    invoice.refresh_from_db()
+    assert invoice.status == "open" and DunningRun.objects.filter(invoice=invoice).exists()
+
+
 def test_the_gateway_down_during_a_recheck_is_503_and_the_redelivery_acts(book, tenant, stripe_proxy, stripe_client):
     _sub, invoice = _processing(book, tenant, stripe_proxy)
     stripe_proxy.settle(invoice.payment_intent_id, "failed", decline_code="insufficient_funds")
