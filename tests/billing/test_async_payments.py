@@ -26,7 +26,7 @@ from billing.services.drain import drain_due, reconcile
 from devstack.strict_stripe import generate_webhook_secret, stripe_signature
 from dunning.models import DunningRun
 from outbox.models import Event
-from tests.billing.conftest import age_payment_attempts, events
+from tests.billing.conftest import DECLINING_CARD, age_payment_attempts, events
 
 AUTHENTICATION_CARD = "4000002760003184"  # Stripe's "authentication required on all transactions" card
 SECRET = generate_webhook_secret()
@@ -198,6 +198,31 @@ def test_failed_authentication_is_a_decline_by_the_normal_rules(book, tenant, st
     assert (sub.status, sub.periods_billed) == ("past_due", 1)
     assert DunningRun.objects.get(invoice=invoice).status == "active"
     assert len(events("invoice.payment_failed")) == 1
+
+
+def test_a_payment_made_by_the_customer_after_a_decline_pays_the_invoice(
+    book, tenant, stripe_proxy, stripe_client, make_card
+):
+    """Stripe lets the customer pay a declined PaymentIntent on-session with its client_secret: its event pays."""
+    sub = book.subscribed(tenant, card=DECLINING_CARD)
+    _drain(tenant)
+    invoice = Invoice.objects.get(subscription=sub)
+    assert DunningRun.objects.get(invoice=invoice).status == "active"
+    # The customer's own confirmation, with a card that works (not an attempt of ours).
+    stripe_client.v1.payment_intents.confirm(invoice.payment_intent_id, params={"payment_method": make_card()})
+
+    receipt = _deliver(stripe_client, "payment_intent.succeeded", invoice.payment_intent_id)
+
+    assert receipt["result"] == "applied"
+    _paid_once(invoice)
+    attempts = list(PaymentAttempt.objects.filter(invoice=invoice).order_by("attempt_number"))
+    assert [(a.outcome, a.idempotency_key) for a in attempts] == [
+        ("declined", attempts[0].idempotency_key),
+        ("succeeded", ""),
+    ]
+    assert DunningRun.objects.get(invoice=invoice).status != "active"
+    sub.refresh_from_db()
+    assert sub.status == "active"
 
 
 # ------------------------------------------------------------------ processing
