@@ -25,6 +25,7 @@ from billing.models import (
     LedgerEntry,
     PaymentAttempt,
     Price,
+    StripeEvent,
     Subscription,
     TestClock,
 )
@@ -656,3 +657,23 @@ class TestClockAdmin(ReadOnlyAdmin):
     list_filter = ("status", "tenant")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "name")
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    """Stripe's events as received at /stripe/webhooks/<account> (docs/reference/payments.md)."""
+
+    list_display = ("id", "received_at", "account", "type", "result", "invoice_link", "payment_intent_id", "tenant")
+    list_filter = ("result", "account", "type")
+    list_select_related = ("tenant",)
+    search_fields = ("id",)
+    search_help_text = "Exact Stripe event id (evt_…), invoice id (in_…) or PaymentIntent (pi_…)."
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset, search_term, {"evt_": "event_id", "in_": "invoice_id", "pi_": "payment_intent_id"}
+        )
+
+    @admin.display(description="invoice")
+    def invoice_link(self, event: StripeEvent):
+        return id_link(Invoice, event.invoice_id)

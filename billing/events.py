@@ -39,6 +39,12 @@ def invoice_event(
     return emit_for(invoice, type, data, created_at=created_at)
 
 
+def charge_event(invoice, type: str, data: dict[str, Any], *, created_at: datetime | None = None):
+    """Emit ``type`` (``charge.refunded``, ``charge.dispute.created``) about a charge of ``invoice``: ``data`` is
+    the Stripe object as recorded (:mod:`billing.stripe_webhooks`); the event's tenant and mode are the invoice's."""
+    return emit_for(invoice, type, data, created_at=created_at)
+
+
 def subscription_event(subscription, type: str, *, created_at: datetime | None = None):
     """Emit ``type`` about a subscription (:func:`~billing.representations.subscription_data`)."""
     return emit_for(subscription, type, subscription_data(subscription), created_at=created_at)
@@ -77,6 +83,7 @@ test_clock_event.__test__ = False  # not a pytest test despite its name
 
 __all__ = [
     "billing_run_event",
+    "charge_event",
     "customer_event",
     "invoice_event",
     "ledger_entry_event",

@@ -22,8 +22,9 @@ Outcomes of a charge, told apart by the exception classes the library raises:
 - ``succeeded``: the PaymentIntent succeeded;
 - ``declined``: ``stripe.CardError`` (HTTP 402), with the ``decline_code``;
 - ``unknown``: ``stripe.APIConnectionError`` (timeout, connection reset: the request may have
-  run), or a PaymentIntent still ``processing``; it is resolved by sending the same request under
-  the same key again, never by a new key, while the key is young; a ``processing`` PaymentIntent,
+  run), or a PaymentIntent that finishes later: ``processing``, or ``requires_action`` (the
+  customer must authenticate, docs/reference/payments.md); it is resolved by sending the same request under
+  the same key again, never by a new key, while the key is young; a pending PaymentIntent,
   and any attempt whose key may have expired, is resolved by :meth:`Gateway.look_up` instead;
 - ``error``: anything else (5xx, 429, other 4xx, authentication). A 5xx, 409 or 429, or no
   HTTP status at all, is *transient*: the next try re-sends the same request under the same key
@@ -52,6 +53,9 @@ from django.conf import settings
 
 SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
 PROCESSING = "processing"  # the PaymentIntent status of a payment that settles later
+REQUIRES_ACTION = "requires_action"  # the PaymentIntent waits for the customer (3-D Secure)
+# PaymentIntent statuses that finish later, without another request of ours (docs/reference/payments.md).
+PENDING_STATUSES = (PROCESSING, REQUIRES_ACTION)
 # Metadata keys of every PaymentIntent Hardcount creates (and of its gateway customers).
 INVOICE_METADATA_KEY, TENANT_METADATA_KEY, CUSTOMER_METADATA_KEY = (
     "hardcount_invoice",
@@ -111,7 +115,9 @@ class ChargeResult:
     ``gateway_customer_id`` / ``payment_method_attached`` report side effects learned on the
     way (the caller saves them); ``http_status`` is None when no HTTP answer arrived;
     ``payment_intent_status`` is the PaymentIntent's status when an answer showed it
-    (``processing``: the payment settles later, :meth:`Gateway.look_up` resolves it).
+    (``processing`` or ``requires_action``: the payment finishes later, :attr:`pending`).
+    ``client_secret`` and ``next_action`` are the PaymentIntent's when it requires action: what
+    the tenant's page needs to let the customer authenticate.
     """
 
     outcome: str
@@ -122,6 +128,14 @@ class ChargeResult:
     http_status: int | None = None
     gateway_customer_id: str = ""
     payment_method_attached: bool = False
+    client_secret: str = ""
+    next_action: dict | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True when the PaymentIntent finishes later (``processing``, ``requires_action``): outcome ``unknown``,
+        resolved by the PaymentIntent's own events or by retrieving it, never by a re-send."""
+        return self.outcome == UNKNOWN and self.payment_intent_status in PENDING_STATUSES
 
     @property
     def transient(self) -> bool:
@@ -336,8 +350,25 @@ def _as_dict(value) -> dict:
     return value.to_dict() if hasattr(value, "to_dict") else dict(value)
 
 
+def classify_payment_intent(intent) -> ChargeResult:
+    """The :class:`ChargeResult` a PaymentIntent object (a retrieved one, or an inbound event's) stands for.
+
+    Classified as :meth:`Gateway.charge` classifies the PaymentIntent a confirmation returns.
+    """
+    result = ChargeResult(outcome=ERROR)
+    _classify(intent, result)
+    return result
+
+
 def _classify(intent, result: ChargeResult) -> None:
-    """Set ``result``'s outcome from a PaymentIntent the gateway returned (in place)."""
+    """Set ``result``'s outcome from a PaymentIntent the gateway returned (in place).
+
+    ``succeeded``: paid. ``processing`` and ``requires_action`` finish later: ``unknown`` with the
+    status kept (:attr:`ChargeResult.pending`), never a decline: a ``requires_action``
+    PaymentIntent waits for the customer to authenticate with its ``client_secret``
+    (https://docs.stripe.com/payments/paymentintents/lifecycle). Anything else
+    (``requires_payment_method`` with a ``last_payment_error``, ``canceled``) is a decline.
+    """
     result.payment_intent_id = intent.id
     result.payment_intent_status = intent.status or ""
     if intent.status == SUCCEEDED:
@@ -347,13 +378,15 @@ def _classify(intent, result: ChargeResult) -> None:
         # re-send would only replay this answer).
         result.outcome = UNKNOWN
         result.error_message = "payment processing"
+    elif intent.status == REQUIRES_ACTION:
+        result.outcome = UNKNOWN
+        result.error_message = "payment requires action: the customer must authenticate"
+        result.client_secret = getattr(intent, "client_secret", None) or ""
+        result.next_action = _as_dict(getattr(intent, "next_action", None)) or None
     else:
-        # requires_action (3-D Secure off-session) or requires_payment_method: the card said no.
         result.outcome = DECLINED
         last_error = _as_dict(getattr(intent, "last_payment_error", None))
-        result.decline_code = (last_error.get("decline_code") or last_error.get("code")) or (
-            "authentication_required" if intent.status == "requires_action" else "card_declined"
-        )
+        result.decline_code = (last_error.get("decline_code") or last_error.get("code")) or "card_declined"
         result.error_message = f"PaymentIntent status {intent.status}"
 
 

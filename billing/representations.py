@@ -158,6 +158,7 @@ def payment_attempt_data(attempt) -> dict[str, Any]:
         "amount": attempt.amount,
         "currency": attempt.currency,
         "outcome": attempt.outcome,
+        "payment_intent_status": attempt.payment_intent_status or None,
         "decline_code": attempt.decline_code or None,
         "error_message": attempt.error_message or None,
         "http_status": attempt.http_status,

@@ -18,7 +18,8 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in these ways
    gateway finds an invoice's PaymentIntents this way once a key may have expired.
 5. Of Stripe's test PaymentMethod ids it knows only ``pm_card_visa``, ``pm_card_visa_chargeDeclined``
    and ``pm_card_chargeCustomerFail``; :data:`EXTRA_TEST_PAYMENT_METHODS` adds the ones README's
-   ``make run`` section names (a declining card, insufficient funds, authentication required).
+   ``make run`` section names (a declining card, insufficient funds, authentication required:
+   its PaymentIntents stay ``requires_action`` until authenticated, as Stripe's 4000002760003184).
 
 It also lets a test hold a payment in ``processing``, as Stripe's asynchronous payment methods
 do, and settle it later (:data:`CONTROL_ROUTES`; :meth:`devstack.strict_stripe.StrictStripe.hold_processing`
@@ -55,7 +56,8 @@ DECLINE_CODES_OF_TEST_CARDS = {
 
 # Stripe's test PaymentMethod ids (https://docs.stripe.com/testing) that localstripe lacks, with the
 # card number localstripe then behaves as: attach declined (generic, insufficient funds), or
-# every PaymentIntent left requiring authentication (declined off-session: authentication_required).
+# every PaymentIntent left requires_action (3-D Secure), until the customer authenticates
+# (localstripe's /v1/payment_intents/{id}/_authenticate; devstack.strict_stripe.StrictStripe.complete_action).
 EXTRA_TEST_PAYMENT_METHODS = {
     "pm_card_chargeDeclined": "4000000000000002",
     "pm_card_chargeDeclinedInsufficientFunds": "4000000000009995",

@@ -13,7 +13,8 @@ process does not load the settings (which would start the embedded database).
   ``/tmp/localstripe.pickle``, a file every instance on the machine would share.
 - :func:`start_strict_stripe` runs :mod:`devstack.strict_stripe` in front of it (Stripe's
   idempotency layer, which localstripe lacks), its keys kept in a file beside localstripe's store
-  (docs/decisions/0124-strict-dev-stripe.md).
+  (docs/decisions/0124-strict-dev-stripe.md), and Stripe's webhook sender: its PaymentIntent
+  events go, signed, to the product's ``/stripe/webhooks/platform`` (docs/decisions/0135).
 - :func:`start_gunicorn` runs the web process with ``hardcount/gunicorn.conf.py``;
   :class:`SchedulerLogView` is what ``serve`` prints of its lines.
 - :class:`WebhookReceiver` is a local HTTP endpoint that logs the webhooks it receives (each one,
@@ -40,6 +41,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from devstack.strict_stripe import WEBHOOK_SECRET_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -318,11 +321,15 @@ def start_strict_stripe(
     log_path: Path | None = None,
     port: int = 0,
     api_key: str = "sk_test_devstack",
+    webhook_url: str | None = None,
+    webhook_secret: str = "",
 ) -> StrictStripeProcess:
     """Start ``python -m devstack.strict_stripe`` on ``127.0.0.1:port`` (0: a free port) in front of ``upstream``.
 
     Idempotency keys are remembered ``key_ttl_s`` seconds and kept in ``store_path`` (None: in
-    memory), so they survive a restart. Output (one line per request) goes to ``log_path``
+    memory), so they survive a restart. ``webhook_url``: it posts its PaymentIntent events there,
+    signed with ``webhook_secret`` (a ``whsec_`` secret, handed over in the child's environment,
+    never on its command line). Output (one line per request) goes to ``log_path``
     (default: inherited). Returns once it answers an authenticated request through to
     ``upstream``; raises ``RuntimeError`` or ``TimeoutError`` if it does not.
     """
@@ -342,12 +349,16 @@ def start_strict_stripe(
     if store_path is not None:
         store_path.parent.mkdir(parents=True, exist_ok=True)
         args += ["--store", str(store_path)]
+    env = dict(os.environ)
+    if webhook_url:
+        args += ["--webhook-url", webhook_url]
+        env[WEBHOOK_SECRET_ENV] = webhook_secret
     out = open(log_path, "ab") if log_path else None
     try:
         child = ChildProcess(
             "strict-stripe",
             args,
-            env=dict(os.environ),
+            env=env,
             cwd=Path(__file__).resolve().parent.parent,
             pass_fds=(sock.fileno(),),
             stdout=out,

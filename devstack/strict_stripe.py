@@ -38,10 +38,21 @@ Also in-process: :meth:`StrictStripe.expire_key` forgets one key now, as Stripe 
 the PaymentIntent to ``succeeded`` or fails it (through ``devstack.devstripe``'s control routes,
 so localstripe must be served by ``python -m devstack.devstripe``).
 
+It can also act as Stripe's webhook sender (:class:`WebhookSender`; :meth:`StrictStripe.send_webhooks_to`):
+every PaymentIntent transition the proxy forwards (a create or confirmation's answer, a card
+error's PaymentIntent, a settle or a customer's authentication through the control methods) is
+posted to one URL as a Stripe event (``payment_intent.created``, ``payment_intent.succeeded``,
+``payment_intent.payment_failed``, ``payment_intent.requires_action``, ``payment_intent.processing``,
+``payment_intent.canceled``), signed as Stripe signs (``Stripe-Signature: t=…,v1=…``, HMAC-SHA256
+of ``"{t}.{body}"`` with the ``whsec_`` secret; https://docs.stripe.com/webhooks#verify-manually),
+and retried a few times while the receiver does not answer 2xx. :meth:`StrictStripe.complete_action`
+plays the customer who completes (or fails) a ``requires_action`` PaymentIntent's authentication.
+
 Run on its own (``serve`` starts it this way, through :func:`devstack.stack.start_strict_stripe`)::
 
     python -m devstack.strict_stripe --upstream http://127.0.0.1:8420 --port 8421 \\
-        --key-ttl-s 86400 --store var/idempotency.jsonl
+        --key-ttl-s 86400 --store var/idempotency.jsonl \\
+        --webhook-url http://127.0.0.1:8000/stripe/webhooks/platform   # secret: $HARDCOUNT_DEV_STRIPE_WEBHOOK_SECRET
 
 Standard library only: this module must run without Django's settings.
 """
@@ -50,9 +61,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import http.client
 import json
 import os
+import queue
+import secrets
 import signal
 import socket
 import struct
@@ -237,6 +251,7 @@ class StrictStripe:
         self._stored: dict[str, _Stored] = {}
         self._in_flight: set[str] = set()
         self.log: list[LogEntry] = []
+        self.webhooks: WebhookSender | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -319,13 +334,48 @@ class StrictStripe:
         params = {"outcome": outcome, **({"decline_code": decline_code} if decline_code else {})}
         return self._control(f"/_hardcount/payment_intents/{payment_intent}/settle", params)
 
-    def _control(self, path: str, params: dict[str, str]) -> dict:
-        """POST a control request straight to the upstream (not through the proxy, not logged)."""
-        body = urlencode(params).encode()
+    def complete_action(self, payment_intent: str, outcome: str = "succeeded") -> dict:
+        """Play the customer who authenticates a ``requires_action`` PaymentIntent (3-D Secure) with its client secret.
+
+        ``outcome`` ``succeeded``: the charge runs (the PaymentIntent ``succeeded``, or ``processing``
+        for a held payment method); ``failed``: authentication fails and the PaymentIntent is
+        ``requires_payment_method`` with ``last_payment_error.code``
+        ``payment_intent_authentication_failure``, as at Stripe. Returns the PaymentIntent. Raises
+        ``ValueError`` for another outcome, ``RuntimeError`` if the upstream refuses (not requiring action).
+        """
+        if outcome not in ("succeeded", "failed"):
+            raise ValueError("outcome must be succeeded or failed")
+        intent = self._control(f"/v1/payment_intents/{payment_intent}", None)
+        params = {"client_secret": intent.get("client_secret") or "", "success": str(outcome == "succeeded").lower()}
+        return self._control(f"/v1/payment_intents/{payment_intent}/_authenticate", params)
+
+    def send_webhooks_to(self, url: str, secret: str, **options) -> WebhookSender:
+        """Send the PaymentIntent transitions forwarded from now on to ``url`` as signed Stripe events
+        (:class:`WebhookSender`, ``options`` its own). A sender already set is stopped first."""
+        self.stop_webhooks()
+        self.webhooks = WebhookSender(url, secret, **options)
+        return self.webhooks
+
+    def stop_webhooks(self) -> None:
+        """Send no more events (those still queued are dropped)."""
+        sender, self.webhooks = self.webhooks, None
+        if sender is not None:
+            sender.stop()
+
+    def _observe(self, payload: bytes, idempotency_key: str | None = None) -> None:
+        sender = self.webhooks
+        if sender is None:
+            return
+        for intent in _payment_intents_in(payload):
+            sender.observe(intent, request_idempotency_key=idempotency_key)
+
+    def _control(self, path: str, params: dict[str, str] | None) -> dict:
+        """POST a control request straight to the upstream (not through the proxy, not logged); ``params`` None: GET."""
+        body = urlencode(params or {}).encode()
         conn = http.client.HTTPConnection(self._upstream_host, self._upstream_port, timeout=self._upstream_timeout_s)
         try:
             conn.request(
-                "POST",
+                "GET" if params is None else "POST",
                 path,
                 body=body,
                 headers={
@@ -340,6 +390,8 @@ class StrictStripe:
             conn.close()
         if resp.status != 200:
             raise RuntimeError(f"{path}: {resp.status} {payload[:500]!r}")
+        if params is not None:
+            self._observe(payload)
         return json.loads(payload)
 
     def stored_keys(self) -> dict[str, float]:
@@ -402,6 +454,7 @@ class StrictStripe:
         if self._key_file is not None:
             with self._lock:
                 self._key_file.close()
+        self.stop_webhooks()
 
     # --- request handling ---------------------------------------------------------------------------------------
 
@@ -479,6 +532,8 @@ class StrictStripe:
                     self._key_file.append(req.idempotency_key, entry)
                 self._in_flight.discard(req.idempotency_key)
 
+        if fault and fault.kind in ("timeout_after_forward", "reset") and req.method == "POST":
+            self._observe(payload, req.idempotency_key)  # it ran upstream: Stripe tells of it
         if fault and fault.kind == "timeout_after_forward":
             self._record(LogEntry(req, "timeout_after_forward", None), payload)
             time.sleep(fault.hold_s)
@@ -490,6 +545,8 @@ class StrictStripe:
             return
         self._record(LogEntry(req, "forwarded", status), payload)
         self._send(handler, status, payload, ctype)
+        if req.method == "POST":
+            self._observe(payload, req.idempotency_key)
 
     def _idempotent(self, req: ProxyRequest) -> tuple[str, int, bytes, str] | None:
         """A replay/conflict answer for a live key, or None after marking the key in flight."""
@@ -560,6 +617,215 @@ class StrictStripe:
             pass
 
 
+# --- Stripe's webhook sender ---------------------------------------------------------------------------------------
+
+# The env variable the command line reads the webhook signing secret from (never an argument: ps shows those).
+WEBHOOK_SECRET_ENV = "HARDCOUNT_DEV_STRIPE_WEBHOOK_SECRET"  # noqa: S105 (a variable name)
+# The API version the events claim (the one the ``stripe`` library pins is what Hardcount reads).
+WEBHOOK_API_VERSION = "2024-06-20"
+
+
+def generate_webhook_secret() -> str:
+    """A new ``whsec_…`` signing secret, as Stripe shows for a webhook endpoint."""
+    return "whsec_" + secrets.token_hex(24)
+
+
+def stripe_signature(payload: bytes, secret: str, timestamp: int) -> str:
+    """The ``Stripe-Signature`` header of ``payload`` sent at ``timestamp`` (Unix seconds), as Stripe computes it:
+    ``t={timestamp},v1={hex HMAC-SHA256 of "{timestamp}.{payload}" keyed with the whole secret}``."""
+    signed = f"{timestamp}.".encode() + payload
+    digest = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def payment_intent_event_type(intent: dict) -> str | None:
+    """The event Stripe sends when a PaymentIntent enters ``intent``'s status, or None (no event for that status)."""
+    status = intent.get("status")
+    if status == "requires_payment_method":
+        return "payment_intent.payment_failed" if intent.get("last_payment_error") else None
+    return {
+        "succeeded": "payment_intent.succeeded",
+        "processing": "payment_intent.processing",
+        "requires_action": "payment_intent.requires_action",
+        "canceled": "payment_intent.canceled",
+    }.get(status)
+
+
+@dataclass
+class WebhookDelivery:
+    """One event sent: ``statuses`` the receiver's answers in order (None: no answer), last one final."""
+
+    event: dict
+    statuses: list[int | None] = field(default_factory=list)
+
+    @property
+    def delivered(self) -> bool:
+        """True once the receiver answered 2xx."""
+        return bool(self.statuses) and self.statuses[-1] is not None and 200 <= self.statuses[-1] < 300
+
+
+class WebhookSender:
+    """Posts Stripe-format events to ``url``, signed with ``secret``, one at a time in the order made.
+
+    :meth:`observe` is told every PaymentIntent the proxy sees; a PaymentIntent seen for the first
+    time makes ``payment_intent.created``, and each change of status the event Stripe sends for
+    the new one (:func:`payment_intent_event_type`). A delivery that gets no 2xx is tried again
+    after ``retry_delays_s`` (Stripe keeps trying for days; a dev stack a few seconds), then
+    given up. ``paused``: events queue until :meth:`resume` (a test's control of when they land).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        *,
+        timeout_s: float = 10.0,
+        retry_delays_s: tuple[float, ...] = (0.5, 2.0, 5.0),
+        clock: Callable[[], float] = time.time,
+        log: Callable[[str], None] | None = None,
+    ):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook url must be http(s)://host/…, not {url!r}")
+        if not secret.startswith("whsec_"):
+            raise ValueError("the webhook signing secret must be a whsec_… secret")
+        self.url, self._secret, self._timeout_s = url, secret, timeout_s
+        self._retry_delays_s, self._clock, self._log = retry_delays_s, clock, log
+        self._lock = threading.Lock()
+        self._statuses: dict[str, str] = {}
+        self._queue: queue.Queue[WebhookDelivery | None] = queue.Queue()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0
+        self.deliveries: list[WebhookDelivery] = []
+        self._thread = threading.Thread(target=self._run, name="strict-stripe-webhooks", daemon=True)
+        self._thread.start()
+
+    def observe(self, intent: dict, *, request_idempotency_key: str | None = None) -> None:
+        """Note a PaymentIntent object the gateway answered with; queue the events its change of status makes."""
+        intent_id = intent.get("id")
+        if intent.get("object") != "payment_intent" or not isinstance(intent_id, str):
+            return
+        status = intent.get("status") or ""
+        with self._lock:
+            previous = self._statuses.get(intent_id)
+            self._statuses[intent_id] = status
+        if previous == status:
+            return
+        types = ([] if previous is not None else ["payment_intent.created"]) + [
+            t for t in (payment_intent_event_type(intent),) if t
+        ]
+        for type_ in types:
+            self.send(type_, intent, request_idempotency_key=request_idempotency_key)
+
+    def send(self, type_: str, obj: dict, *, request_idempotency_key: str | None = None) -> dict:
+        """Queue one event of ``type_`` about ``obj`` (any Stripe object); returns the event."""
+        event = {
+            "id": "evt_" + secrets.token_hex(12),
+            "object": "event",
+            "api_version": WEBHOOK_API_VERSION,
+            "created": int(self._clock()),
+            "livemode": bool(obj.get("livemode", False)),
+            "pending_webhooks": 1,
+            "request": {"id": None, "idempotency_key": request_idempotency_key},
+            "type": type_,
+            "data": {"object": obj},
+        }
+        delivery = WebhookDelivery(event)
+        with self._lock:
+            self.deliveries.append(delivery)
+            self._pending += 1
+        self._queue.put(delivery)
+        return event
+
+    def pause(self) -> None:
+        """Hold every event queued from now until :meth:`resume`."""
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        """Send what :meth:`pause` held, in order."""
+        self._resumed.set()
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued event was delivered or given up; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def stop(self) -> None:
+        """Stop sending (queued events are dropped)."""
+        self._resumed.set()
+        self._queue.put(None)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            delivery = self._queue.get()
+            if delivery is None:
+                return
+            self._resumed.wait()
+            try:
+                self._deliver(delivery)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _deliver(self, delivery: WebhookDelivery) -> None:
+        payload = json.dumps(delivery.event).encode()
+        for delay in (0.0, *self._retry_delays_s):
+            time.sleep(delay)
+            status = self._post(payload)
+            delivery.statuses.append(status)
+            if self._log is not None:
+                self._log(f"webhook {delivery.event['type']} {delivery.event['id']} -> {status or 'no answer'}")
+            if delivery.delivered:
+                return
+
+    def _post(self, payload: bytes) -> int | None:
+        parts = urlsplit(self.url)
+        conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(parts.hostname, parts.port, timeout=self._timeout_s)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            conn.request(
+                "POST",
+                path or "/",
+                body=payload,
+                headers={
+                    "Content-Type": "application/json; charset=utf-8",
+                    "Stripe-Signature": stripe_signature(payload, self._secret, int(self._clock())),
+                    "User-Agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+                },
+            )
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        except OSError:
+            return None
+        finally:
+            conn.close()
+
+
+def _payment_intents_in(payload: bytes) -> list[dict]:
+    """The PaymentIntent objects an answer carries: itself, or a card error's ``payment_intent``."""
+    body = _json(payload)
+    if body is None:
+        return []
+    if body.get("object") == "payment_intent":
+        return [body]
+    error = body.get("error")
+    if isinstance(error, dict) and isinstance(error.get("payment_intent"), dict):
+        return [error["payment_intent"]]
+    return []
+
+
 def _json(payload: bytes) -> dict | None:
     try:
         value = json.loads(payload)
@@ -583,7 +849,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--store", type=Path, default=None, help="key file (JSON lines); default: memory only")
     parser.add_argument("--quiet", action="store_true", help="no access log line per request")
+    parser.add_argument(
+        "--webhook-url",
+        default=None,
+        help=f"send signed Stripe events of PaymentIntent transitions here (secret: ${WEBHOOK_SECRET_ENV})",
+    )
     args = parser.parse_args(argv)
+    webhook_secret = os.environ.get(WEBHOOK_SECRET_ENV, "")
+    if args.webhook_url and not webhook_secret.startswith("whsec_"):
+        parser.error(f"--webhook-url needs a whsec_… secret in ${WEBHOOK_SECRET_ENV}")
 
     def write(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -598,12 +872,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     sock = socket.socket(fileno=args.fd) if args.fd is not None else None
     proxy.start(port=args.port or 0, sock=sock)
+    if args.webhook_url:
+        proxy.send_webhooks_to(args.webhook_url, webhook_secret, log=None if args.quiet else write)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     write(
         f"strict dev Stripe on {proxy.api_base} in front of {args.upstream}: idempotency keys kept "
         f"{args.key_ttl_s:g} s, {len(proxy.stored_keys())} live, store {args.store or 'in memory'}"
+        + (f"; webhooks to {args.webhook_url}" if args.webhook_url else "")
     )
     while not done.wait(1.0):
         pass

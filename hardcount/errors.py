@@ -282,12 +282,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return None
 
 
+# Paths machines call (the API, and Stripe's webhooks): their errors are JSON.
+API_PATH_PREFIXES = ("/v1/", "/stripe/")
+
+
 def _is_api_path(request: HttpRequest) -> bool:
-    return request.path.startswith("/v1/") or request.path == "/v1"
+    return request.path.startswith(API_PATH_PREFIXES) or request.path == "/v1"
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    """Django-level 404: JSON under /v1, Django's page elsewhere (the admin)."""
+    """Django-level 404: JSON under /v1 and /stripe, Django's page elsewhere (the admin)."""
     if _is_api_path(request):
         body = error_body(INVALID_REQUEST, "resource_missing", f"Unrecognized request URL ({request.method}).")
         return JsonResponse(body, status=404)
@@ -297,7 +301,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    """Django-level 400 (e.g. an unreadable request, a body over the limit): JSON under /v1."""
+    """Django-level 400 (e.g. an unreadable request, a body over the limit): JSON under /v1 and /stripe."""
     if _is_api_path(request):
         if isinstance(exception, RequestDataTooBig):
             body = error_body(INVALID_REQUEST, "body_too_large", "The request body is too large.")

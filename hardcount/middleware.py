@@ -7,7 +7,7 @@ import re
 from django.conf import settings
 from django.http import JsonResponse
 
-from hardcount.errors import INVALID_REQUEST, error_body
+from hardcount.errors import API_PATH_PREFIXES, INVALID_REQUEST, error_body
 
 
 def error_response(status: int, type_: str, code: str, message: str, param: str | None = None) -> JsonResponse:
@@ -16,8 +16,8 @@ def error_response(status: int, type_: str, code: str, message: str, param: str 
 
 
 class BodySizeLimitMiddleware:
-    """Refuse API request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB) with a 413,
-    and bodies without a ``Content-Length`` (chunked transfer encoding) with a 411.
+    """Refuse API (and inbound Stripe webhook) request bodies over ``HARDCOUNT_MAX_BODY_BYTES`` (default 1 MiB)
+    with a 413, and bodies without a ``Content-Length`` (chunked transfer encoding) with a 411.
 
     Checked on the declared ``Content-Length`` before anything reads the body. Django reads
     at most ``Content-Length`` bytes, and ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (set to the same
@@ -30,7 +30,7 @@ class BodySizeLimitMiddleware:
         self.limit = settings.HARDCOUNT_MAX_BODY_BYTES
 
     def __call__(self, request):
-        if request.path.startswith("/v1/"):
+        if request.path.startswith(API_PATH_PREFIXES):
             if request.META.get("HTTP_TRANSFER_ENCODING") and not request.META.get("CONTENT_LENGTH"):
                 # Django's WSGI request reads exactly Content-Length bytes: a chunked body would be
                 # parsed as empty and, e.g., a cancel "at_period_end" would cancel at once. Refuse it.

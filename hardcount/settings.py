@@ -291,6 +291,9 @@ HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
 HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S = _env_float("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", 23 * 3600)
 if not 0 < HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S < 24 * 3600:
     raise ImproperlyConfigured("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S must lie between 0 and 86400 (Stripe's 24 h)")
+# How often the reconciler retrieves a PaymentIntent that finishes later (processing, requires_action);
+# its inbound Stripe events tell first (decision 0134).
+HARDCOUNT_PENDING_PAYMENT_POLL_S = _env_float("HARDCOUNT_PENDING_PAYMENT_POLL_S", 300)
 
 # Billing.
 HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)

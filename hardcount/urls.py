@@ -20,6 +20,8 @@ urlpatterns = [
     path("v1/", include("billing.urls")),
     path("v1/", include("outbox.urls")),
     path("v1/", include("dunning.urls")),
+    # Stripe's own events (billing/stripe_webhooks.py): signed by Stripe, no API key.
+    path("stripe/", include("billing.stripe_urls")),
     path("admin/", admin.site.urls),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),

@@ -36,6 +36,7 @@ EVENT_TYPES = (
     "invoice.finalized",
     "invoice.paid",
     "invoice.payment_failed",
+    "invoice.payment_action_required",
     "invoice.voided",
     "invoice.marked_uncollectible",
     "subscription.created",
@@ -52,6 +53,8 @@ EVENT_TYPES = (
     "billing_run.completed",
     "dunning.retry_scheduled",
     "dunning.exhausted",
+    "charge.refunded",
+    "charge.dispute.created",
 )
 
 

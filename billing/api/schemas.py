@@ -88,7 +88,9 @@ class BillingRun(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
     pages = serializers.IntegerField(allow_null=True)
     attempted = serializers.IntegerField()
-    billed = serializers.IntegerField(help_text="Closed: paid, declined into dunning, or waiting for tax.")
+    billed = serializers.IntegerField(
+        help_text="Closed: paid, declined into dunning, waiting for tax, or its payment finishing later."
+    )
     failed = serializers.IntegerField(help_text="Failed: the period did not advance.")
     error = serializers.CharField(allow_null=True)
 
@@ -139,6 +141,11 @@ class PaymentAttempt(serializers.Serializer):
     amount = serializers.IntegerField()
     currency = serializers.CharField()
     outcome = serializers.ChoiceField(choices=["succeeded", "declined", "unknown", "error"])
+    payment_intent_status = serializers.CharField(
+        allow_null=True,
+        help_text="The PaymentIntent's status as last seen (Stripe's): `requires_action` or `processing` while the "
+        "payment finishes later (outcome `unknown`), null before any answer.",
+    )
     decline_code = serializers.CharField(allow_null=True)
     error_message = serializers.CharField(allow_null=True)
     http_status = serializers.IntegerField(allow_null=True)

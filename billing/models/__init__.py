@@ -6,6 +6,7 @@ from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
 from billing.models.ledger import LedgerEntry
 from billing.models.payments import PaymentAttempt
 from billing.models.runs import BillingAttempt, BillingRun
+from billing.models.stripe_events import StripeEvent
 from billing.models.subscriptions import Subscription
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "LedgerEntry",
     "PaymentAttempt",
     "Price",
+    "StripeEvent",
     "Subscription",
     "TestClock",
 ]

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, F, Q
 
+from billing import gateway as gw
 from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
@@ -44,6 +45,7 @@ from billing.services.payments import (
     is_current_period,
     is_open,
     needs_no_charge,
+    pending_poll_interval,
     record_outcome,
     reserve_attempt_locked,
     send,
@@ -471,7 +473,10 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
        died between charge and record, a PaymentIntent processing) and older than the in-flight
        window (on a test clock: whose charge lock nobody holds): re-send it under the same key, or
        look its PaymentIntent up when it is processing or its key may have expired
-       (:func:`billing.services.payments.must_look_up`), and record what the gateway says.
+       (:func:`billing.services.payments.must_look_up`), and record what the gateway says. A
+       PaymentIntent that finishes later (``processing``, ``requires_action``) is looked up at
+       most once per :func:`~billing.services.payments.pending_poll_interval` (its own inbound
+       events are the first word; this is the fallback).
        Transient errors on invoices whose period has already advanced are resolved the same way;
        those of a subscription still on that period are left to the retry ladder.
 
@@ -495,7 +500,14 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
             counts["tax_finalized"] += 1
 
     with transaction.atomic():
-        cutoff = database_now() - in_flight_window()
+        now = database_now()
+        cutoff = now - in_flight_window()
+    # A PaymentIntent that finishes later tells us by its own event: polled at a modest cadence only.
+    polled_recently = (
+        Q(payment_intent_status__in=gw.PENDING_STATUSES)
+        & Q(started_at__gte=now - pending_poll_interval())
+        & Q(invoice__customer__test_clock__isnull=True)
+    )
     transient_error = Q(outcome=PaymentAttempt.ERROR) & (
         Q(http_status__isnull=True) | Q(http_status__in=[409, 429]) | Q(http_status__gte=500)
     )
@@ -513,6 +525,7 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
         )
         .exclude(idempotency_key="")
         .exclude(ladder_owned)
+        .exclude(polled_recently)
         .select_related("invoice")
         .order_by("started_at")[:limit]
     )
@@ -588,4 +601,4 @@ def _reconcile_payment_charging(attempt: PaymentAttempt, fence: Fence) -> bool |
         except PaymentInFlight:
             return None
     outcome = record_outcome(plan, send(plan), fence=fence)
-    return outcome.kind != OutcomeKind.FAILED
+    return outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.PAYMENT_PENDING)

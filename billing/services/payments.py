@@ -42,7 +42,11 @@ from django.db import DatabaseError, connection, transaction
 
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
-from billing.lock_objects import charge_rows_locked
+from billing.lock_objects import (
+    charge_rows_locked,
+    payment_attempt_qs_select_for_update,
+    subscription_and_invoice_locked,
+)
 from billing.models import BillingAttempt, BillingRun, Customer, Invoice, PaymentAttempt, Subscription, TestClock
 from billing.periods import period_start
 from billing.queries import record_billing_failure
@@ -100,15 +104,26 @@ def key_safe_window() -> timedelta:
 def must_look_up(attempt: PaymentAttempt, *, now: datetime) -> bool:
     """True when the open ``attempt`` is resolved only by looking its PaymentIntent up, never re-sent.
 
-    Either its PaymentIntent answered ``processing`` (a same-key re-send would replay that answer
-    for as long as the key lives, then create a second PaymentIntent), or its key may have expired
+    Either its PaymentIntent answered ``processing`` or ``requires_action`` (it finishes later; a
+    same-key re-send would replay that answer for as long as the key lives, then create a second
+    PaymentIntent), or its key may have expired
     at the gateway: first sent more than :func:`key_safe_window` before ``now`` (the DB's now()),
     or at a time not recorded. docs/decisions/0129-idempotency-keys-expire.md.
     """
-    if attempt.payment_intent_status == gw.PROCESSING:
+    if attempt.payment_intent_status in gw.PENDING_STATUSES:
         return True
     first_sent_at = attempt.first_sent_at
     return not isinstance(first_sent_at, datetime) or first_sent_at <= now - key_safe_window()
+
+
+def pending_poll_interval() -> timedelta:
+    """How often the reconciler retrieves a PaymentIntent that finishes later (``processing``, ``requires_action``).
+
+    ``HARDCOUNT_PENDING_PAYMENT_POLL_S``, default 300 s, and never less than :func:`in_flight_window`:
+    the PaymentIntent's own events (``payment_intent.succeeded``, ``payment_intent.payment_failed``,
+    received at ``/stripe/webhooks/<account>``) tell first; the poll is the fallback for one lost.
+    """
+    return max(in_flight_window(), timedelta(seconds=float(settings.HARDCOUNT_PENDING_PAYMENT_POLL_S)))
 
 
 def reuses_key(attempt: PaymentAttempt, *, now: datetime) -> bool:
@@ -138,6 +153,7 @@ class OutcomeKind(StrEnum):
     TAX_PENDING = "tax_pending"
     FAILED = "failed"
     SKIPPED = "skipped"
+    PAYMENT_PENDING = "payment_pending"
 
 
 @dataclass
@@ -543,6 +559,38 @@ def act_on_declined_locked(
     dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
 
 
+def act_on_pending_locked(subscription: Subscription | None, invoice: Invoice, *, now: datetime) -> None:
+    """The subscription side of a payment that finishes later (``processing``, ``requires_action``).
+
+    The invoice stays ``open`` and the period advances, as after a decline, but the
+    subscription's status stays and nothing goes on the retry ladder or to dunning: the payment
+    was not refused, it is not finished (docs/reference/payments.md).
+    """
+    if subscription is None or not is_current_period(subscription, invoice):
+        return
+    advance_period_locked(subscription, invoice)
+    clear_failure_state(subscription)
+    subscription.save()
+    subscription_event(subscription, "subscription.updated", created_at=now)
+
+
+def action_required(result: gw.ChargeResult) -> dict:
+    """The keys ``invoice.payment_action_required`` adds to the invoice: what the tenant needs to bring the
+    customer back to authenticate (Stripe.js ``handleNextAction`` with ``client_secret``;
+    https://docs.stripe.com/payments/paymentintents/lifecycle). No hosted invoice page exists yet:
+    ``hosted_invoice_url`` is null."""
+    return {
+        "payment_intent": {
+            "id": result.payment_intent_id,
+            "object": "payment_intent",
+            "status": result.payment_intent_status,
+            "client_secret": result.client_secret or None,
+            "next_action": result.next_action,
+        },
+        "hosted_invoice_url": None,
+    }
+
+
 def save_failure_locked(subscription: Subscription, *, error: str, fresh: bool = False) -> tuple[int, bool]:
     """Save a failed close on a wall-clock subscription (locked): one more failure on the retry
     ladder, ``subscription.billing_failed`` (or ``subscription.billing_parked`` for the 8th).
@@ -598,7 +646,10 @@ def record_outcome(
     Locks subscription → invoice → attempt → customer (the order every billing writer uses),
     then the invoice's dunning run when dunning acts on the outcome. ``save_failure``: an
     indefinite outcome of the invoice's current period is saved on the subscription (the
-    drain's close); elsewhere (reconciler, pay API) a failure only stays on the attempt.
+    drain's close); elsewhere (reconciler, pay API) a failure only stays on the attempt. A
+    PaymentIntent that finishes later (:attr:`billing.gateway.ChargeResult.pending`) is neither a
+    failure nor a decline: ``payment_pending``, the period advances (:func:`act_on_pending_locked`),
+    and ``requires_action`` emits ``invoice.payment_action_required`` once per entry into that state.
     ``retry_of``: the dunning run this charge retries; a failure puts it off
     (:func:`dunning.services.retry_failed_locked`). ``on_record(invoice, attempt, outcome)``
     runs inside the transaction, last (the close's test seam, ``billing.services.close.hooks``).
@@ -617,13 +668,19 @@ def record_outcome(
             customer.save(update_fields=customer_fields)
 
         if attempt.outcome != PaymentAttempt.UNKNOWN and not is_open(attempt):
-            # Someone recorded a definite outcome first (a racing same-key re-send): theirs stands
-            # and they acted on it.
-            outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=f"attempt already recorded as {attempt.outcome}")
+            # Someone recorded a definite outcome first (a racing same-key re-send, or the PaymentIntent's
+            # inbound event): theirs stands and they acted on it. The close's count says what it came to.
+            kind = {PaymentAttempt.SUCCEEDED: OutcomeKind.BILLED, PaymentAttempt.DECLINED: OutcomeKind.DECLINED}.get(
+                attempt.outcome, OutcomeKind.SKIPPED
+            )
+            outcome = Outcome(
+                kind, invoice.id, error=f"attempt already recorded as {attempt.outcome}" if kind == "skipped" else ""
+            )
             if plan.subscription_id:
                 write_billing_attempt(run, plan.subscription_id, outcome, now=now)
             return outcome
 
+        previous_status = attempt.payment_intent_status
         apply_result(attempt, result, completed_at=attempt_time(now, test_clock_id=clock_id, as_of=as_of))
         attempt.save()
         invoice_fields = []  # saved with the outcome's own invoice update, or at the end
@@ -657,6 +714,11 @@ def record_outcome(
                 created_at=now,
                 extra={"next_payment_attempt": iso(dunning_services.next_payment_attempt(invoice.id))},
             )
+        elif result.pending:
+            outcome = Outcome(OutcomeKind.PAYMENT_PENDING, invoice.id, error=result.error_message)
+            act_on_pending_locked(subscription, invoice, now=now)
+            if result.payment_intent_status == gw.REQUIRES_ACTION and previous_status != gw.REQUIRES_ACTION:
+                invoice_event(invoice, "invoice.payment_action_required", created_at=now, extra=action_required(result))
         else:
             error = f"{result.outcome}: {result.error_message}"
             outcome = Outcome(OutcomeKind.FAILED, invoice.id, error=error)
@@ -668,11 +730,74 @@ def record_outcome(
         if retry_of is not None and outcome.kind == OutcomeKind.FAILED:
             # A decline or a payment moved the run on above (start_dunning / stop_dunning).
             dunning_services.retry_failed_locked(retry_of, error=outcome.error, at=as_of or database_now())
+        elif retry_of is not None and outcome.kind == OutcomeKind.PAYMENT_PENDING:
+            # Neither a decline nor a failure: the run waits (its retry slot kept) while the payment finishes.
+            at = as_of or database_now()
+            dunning_services.payment_in_flight_locked(retry_of, until=at + pending_poll_interval())
         if on_record is not None:
             on_record(invoice, attempt, outcome)
         if plan.subscription_id:
             write_billing_attempt(run, plan.subscription_id, outcome, now=now)
         return outcome
+
+
+class PaymentIntentEffect(StrEnum):
+    """What :func:`record_payment_intent` did with a PaymentIntent's state."""
+
+    RECORDED = "recorded"  # recorded on the invoice's open attempt (or a new one for a payment made by the customer)
+    NOT_OPEN = "not_open"  # the invoice is paid, void or uncollectible: nothing changes
+    OTHER_PAYMENT_INTENT = "other_payment_intent"  # not the invoice's PaymentIntent
+    NO_CHANGE = "no_change"  # the latest attempt already has a definite outcome this state does not change
+
+
+def record_payment_intent(invoice_id: str, result: gw.ChargeResult) -> tuple[PaymentIntentEffect, Outcome | None]:
+    """Record what the gateway says a PaymentIntent of ``invoice_id`` became (``result``: its classification), once.
+
+    For inbound Stripe events (:mod:`billing.stripe_webhooks`): the rows' locks and the attempt's
+    state decide, never the order events arrive in. Locks subscription → invoice → attempt →
+    customer (:func:`record_outcome`'s order). An invoice not ``open`` changes nothing (a
+    ``payment_failed`` after ``succeeded`` leaves it paid), nor does a PaymentIntent other than the
+    invoice's. The latest attempt still open (``unknown``: sent, processing, requiring action, or
+    its answer lost) takes ``result`` as :func:`record_outcome` records a charge's answer, events and
+    all; one already definite is changed only by a success (the customer paid on-session with the
+    PaymentIntent's ``client_secret`` after a decline), recorded as a new attempt with no key.
+    Returns the effect and the recorded :class:`Outcome` (None when nothing was recorded). Raises
+    ``Invoice.DoesNotExist`` for an unknown invoice.
+    """
+    # paid, void and uncollectible are final: an invoice read in one of them needs no lock to say so (the
+    # drain's claims skip locked subscriptions, so an event about a paid invoice should not hold one).
+    subscription_id, status = Invoice.objects.values_list("subscription_id", "status").get(pk=invoice_id)
+    if status not in (Invoice.DRAFT, Invoice.OPEN):
+        return PaymentIntentEffect.NOT_OPEN, None
+    with transaction.atomic():
+        _subscription, invoice = subscription_and_invoice_locked(invoice_id, subscription_id=subscription_id)
+        if invoice is None or invoice.status != Invoice.OPEN:
+            return PaymentIntentEffect.NOT_OPEN, None
+        if invoice.payment_intent_id and invoice.payment_intent_id != result.payment_intent_id:
+            return PaymentIntentEffect.OTHER_PAYMENT_INTENT, None
+        latest = payment_attempt_qs_select_for_update().filter(invoice=invoice).order_by("-attempt_number").first()
+        if latest is not None and (latest.outcome == PaymentAttempt.UNKNOWN or is_open(latest)):
+            attempt = latest
+        elif result.outcome == gw.SUCCEEDED:
+            now = billing_time(invoice_clock_id(invoice, _subscription))
+            attempt = PaymentAttempt(
+                tenant_id=invoice.tenant_id,
+                livemode=invoice.livemode,
+                invoice=invoice,
+                attempt_number=(latest.attempt_number if latest else 0) + 1,
+                payment_intent_id=result.payment_intent_id,
+                payment_method=latest.payment_method if latest else "",
+                amount=invoice.amount_due,
+                currency=invoice.currency,
+                outcome=PaymentAttempt.UNKNOWN,
+                started_at=now,
+                completed_at=now,
+            )
+            attempt.save(force_insert=True)
+        else:
+            return PaymentIntentEffect.NO_CHANGE, None
+        plan = ChargePlan(attempt.id, invoice.id, invoice.subscription_id, None)
+        return PaymentIntentEffect.RECORDED, record_outcome(plan, result)
 
 
 def note_gateway_ids(customer: Customer, attempt: PaymentAttempt, result: gw.ChargeResult) -> list[str]:

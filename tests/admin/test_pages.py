@@ -6,7 +6,7 @@ from django.apps import apps
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.models import TestClock
+from billing.models import StripeEvent, TestClock
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
@@ -39,6 +39,9 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     ratelimit.take(api_key_id=key.pk, tenant_id=tenant.id, bucket="read")
     audit.record(audit.API_KEY_ISSUED, obj=key, actor=audit.Actor.cli(), message=f"Issued {key}.")
     IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="k1", request_fingerprint="f" * 64)
+    StripeEvent.objects.create(
+        account="platform", event_id="evt_admin", type="charge.refunded", livemode=False, result="no_invoice"
+    )
 
     for app in APPS:
         for model in apps.get_app_config(app).get_models():

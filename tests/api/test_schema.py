@@ -22,6 +22,8 @@ def test_document_is_valid_openapi_31(document):
 
 def test_every_operation_documents_401_and_every_post_its_errors_and_idempotency(document):
     for path, item in document["paths"].items():
+        if not path.startswith("/v1/"):
+            continue  # Stripe's webhook endpoint: no API key, no Idempotency-Key (the next test)
         for method, operation in item.items():
             responses = operation["responses"]
             assert "401" in responses, (method, path)
@@ -31,6 +33,15 @@ def test_every_operation_documents_401_and_every_post_its_errors_and_idempotency
                 assert "Idempotency-Key" in names, (method, path)
             if "{" in path:
                 assert "404" in responses, (method, path)
+
+
+def test_the_stripe_webhook_endpoint_documents_its_signature_and_errors(document):
+    (path,) = [p for p in document["paths"] if not p.startswith("/v1/")]
+    assert path == "/stripe/webhooks/{slug}"
+    operation = document["paths"][path]["post"]
+    assert {"200", "400", "404", "411", "413", "503"} <= set(operation["responses"])
+    assert "401" not in operation["responses"]
+    assert "Stripe-Signature" in {p["name"] for p in operation["parameters"]}
 
 
 def test_request_bodies_refuse_unknown_fields_in_the_document(document):

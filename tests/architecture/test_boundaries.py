@@ -33,6 +33,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("devstack", "outbox.services"): "the seeded book writes its events with the outbox's set-wise writer",
     ("devstack", "outbox.models"): "the progress line counts the demo book's deliveries",
     ("devstack", "outbox.signing"): "the dev webhook receiver verifies signatures with the shipped verifier",
+    ("devstack", "billing.gateway_accounts"): "the dev Stripe's webhook sender posts to the platform account's "
+    "inbound URL, whose slug is billing's",
 }
 
 

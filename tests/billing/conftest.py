@@ -251,12 +251,13 @@ def events(type_: str, **filters) -> list:
 
 
 def age_payment_attempts(**filters) -> None:
-    """Move unresolved payment attempts' ``started_at`` past the in-flight window (no sleeping)."""
+    """Move unresolved payment attempts' ``started_at`` past the in-flight window and the poll interval of
+    pending PaymentIntents (no sleeping): the reconciler takes them up next."""
     from billing.models import PaymentAttempt
-    from billing.services.payments import in_flight_window
+    from billing.services.payments import pending_poll_interval
 
     for attempt in PaymentAttempt.objects.filter(**filters):
-        attempt.started_at -= in_flight_window() + timedelta(seconds=1)
+        attempt.started_at -= pending_poll_interval() + timedelta(seconds=1)
         attempt.save(update_fields=["started_at"])
 
 

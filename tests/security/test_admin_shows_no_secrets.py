@@ -16,7 +16,7 @@ from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.models import TestClock
+from billing.models import StripeEvent, TestClock
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
@@ -84,6 +84,9 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
         completed_at=now,
     )
     IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="in-flight", request_fingerprint="f" * 64)
+    StripeEvent.objects.create(
+        account="platform", event_id="evt_admin", type="charge.refunded", livemode=False, result="no_invoice"
+    )
     return issued
 
 

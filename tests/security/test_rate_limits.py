@@ -185,6 +185,8 @@ def test_unauthenticated_requests_and_the_switch(acme, settings):
 def test_every_operation_documents_429(db):
     document = Api(None).client.get("/v1/openapi.json").json()
     for path, item in document["paths"].items():
+        if not path.startswith("/v1/"):
+            continue  # Stripe's webhook endpoint has no API key, so no key's bucket (docs/reference/payments.md)
         for method, operation in item.items():
             assert "429" in operation["responses"], (method, path)
 

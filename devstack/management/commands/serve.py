@@ -48,6 +48,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from billing.gateway_accounts import PLATFORM_SLUG
 from devstack import demo as demo_credentials
 from devstack.seed import FAILING_WEBHOOK_URL
 from devstack.stack import (
@@ -62,7 +63,7 @@ from devstack.stack import (
     start_strict_stripe,
     wait_for_http,
 )
-from devstack.strict_stripe import DEFAULT_KEY_TTL_S
+from devstack.strict_stripe import DEFAULT_KEY_TTL_S, generate_webhook_secret
 
 # The key settings fall back to when STRIPE_API_KEY is unset: it only ever talks to localstripe.
 DEV_STRIPE_KEY = "sk_test_hardcount_localstripe"
@@ -82,7 +83,7 @@ TEST_PAYMENT_METHODS = (
     ("pm_card_chargeDeclined", "declines (generic_decline): invoice open, past_due, dunning retries"),
     ("pm_card_chargeDeclinedInsufficientFunds", "declines (insufficient_funds)"),
     ("pm_card_chargeCustomerFail", "attaches, then every charge declines"),
-    ("pm_card_authenticationRequired", "declines off-session (authentication_required)"),
+    ("pm_card_authenticationRequired", "requires action (3-D Secure): invoice open, invoice.payment_action_required"),
     ("pm_unknown (any unknown id)", "fails at the gateway (404): no decline, the period waits on the retry ladder"),
 )
 # How long the strict dev Stripe remembers an idempotency key: Stripe's 24 hours unless set.
@@ -217,7 +218,7 @@ class Command(BaseCommand):
         previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         localstripe = strict_stripe = gunicorn = receiver = None
         try:
-            localstripe, strict_stripe, stripe_api_base = self._start_gateway(var_dir)
+            localstripe, strict_stripe, stripe_api_base = self._start_gateway(var_dir, port)
             demo = demo_credentials.ensure_demo_tenant(var_dir / "demo-keys.json")
             operator = demo_credentials.ensure_operator(var_dir / "operator.json")
             receiver = self._make_receiver(demo)
@@ -307,7 +308,7 @@ class Command(BaseCommand):
             self.stdout.write("Applying migrations…")
             call_command("migrate", interactive=False, verbosity=0)
 
-    def _start_gateway(self, var_dir: Path) -> tuple[LocalStripe | None, StrictStripeProcess | None, str]:
+    def _start_gateway(self, var_dir: Path, port: int) -> tuple[LocalStripe | None, StrictStripeProcess | None, str]:
         if not wants_localstripe():
             base = os.environ.get("STRIPE_API_BASE") or "https://api.stripe.com"
             if settings.STRIPE_API_KEY.startswith(("sk_live_", "rk_live_")):
@@ -321,6 +322,10 @@ class Command(BaseCommand):
         localstripe = start_localstripe(
             store_path=store_path, log_path=var_dir / "log" / "localstripe.log", api_key=settings.STRIPE_API_KEY
         )
+        # The dev Stripe's webhook endpoint is the product's platform URL; both sides get one secret per start
+        # (the product through its environment, which gunicorn inherits) unless STRIPE_WEBHOOK_SECRET is set.
+        webhook_secret = os.environ.get("STRIPE_WEBHOOK_SECRET") or generate_webhook_secret()
+        os.environ["STRIPE_WEBHOOK_SECRET"] = settings.STRIPE_WEBHOOK_SECRET = webhook_secret
         try:
             strict = start_strict_stripe(
                 upstream=localstripe.api_base,
@@ -328,6 +333,8 @@ class Command(BaseCommand):
                 key_ttl_s=key_ttl_s,
                 log_path=var_dir / "log" / "strict-stripe.log",
                 api_key=settings.STRIPE_API_KEY,
+                webhook_url=f"http://127.0.0.1:{port}/stripe/webhooks/{PLATFORM_SLUG}",
+                webhook_secret=webhook_secret,
             )
         except Exception:
             localstripe.stop()
