@@ -43,13 +43,40 @@ def price_data(p) -> dict[str, Any]:
     }
 
 
-def subscription_data(s) -> dict[str, Any]:
+def subscription_item_data(item) -> dict[str, Any]:
+    """A subscription item, its price embedded as Stripe's is."""
+    return {
+        "id": item.id,
+        "object": "subscription_item",
+        "subscription": item.subscription_id,
+        "price": price_data(item.price),
+        "quantity": item.quantity,
+        "created": iso(item.created_at),
+    }
+
+
+def _items_of(s) -> list:
+    prefetched = getattr(s, "_prefetched_objects_cache", {}).get("items")
+    if prefetched is not None:
+        return sorted(prefetched, key=lambda item: (item.created_at, item.id))
+    return list(s.items.select_related("price").order_by("created_at", "id"))
+
+
+def subscription_data(s, items=None) -> dict[str, Any]:
+    """Subscription shape; ``items`` (with prices) may be passed, or prefetched as ``items__price``, to save queries.
+
+    ``items`` is a list object as Stripe's (``{"object": "list", "data": [...]}``); ``price`` is the
+    first item's price.
+    """
+    if items is None:
+        items = _items_of(s)
     return {
         "id": s.id,
         "object": "subscription",
         "livemode": s.livemode,
         "customer": s.customer_id,
         "price": s.price_id,
+        "items": {"object": "list", "data": [subscription_item_data(item) for item in items]},
         "status": s.status,
         "billing_cycle_anchor": iso(s.billing_cycle_anchor),
         "trial_end": iso(s.trial_end),
@@ -81,6 +108,9 @@ def line_item_data(line) -> dict[str, Any]:
         "currency": line.currency,
         "period_start": iso(line.period_start),
         "period_end": iso(line.period_end),
+        "subscription_item": line.subscription_item or None,
+        "invoice_item": line.invoice_item_id,
+        "proration": line.proration,
     }
 
 
@@ -96,6 +126,7 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "customer": inv.customer_id,
         "subscription": inv.subscription_id,
         "status": inv.status,
+        "billing_reason": inv.billing_reason,
         "currency": inv.currency,
         "period_start": iso(inv.period_start),
         "period_end": iso(inv.period_end),

@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from billing.models.subscriptions import SubscriptionStatus
 from billing.periods import INTERVALS
-from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
+from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_ITEMS, MAX_TRIAL_DAYS
 from hardcount.api import (
     STARTING_AFTER_HELP,
     IdField,
@@ -81,9 +81,28 @@ class PriceCreate(StrictSerializer):
     active = StrictBooleanField(required=False, default=True)
 
 
+# Largest quantity of one subscription item (Stripe's own bound is larger; ours keeps every line in bigint range).
+MAX_QUANTITY = 10_000
+
+
+class SubscriptionItemCreate(StrictSerializer):
+    price = IdField("price", help_text=_ID_HELP)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, default=1)
+
+
 class SubscriptionCreate(StrictSerializer):
     customer = IdField("customer", help_text=_ID_HELP)
-    price = IdField("price", help_text=_ID_HELP)
+    price = IdField(
+        "price", required=False, help_text="One item of this price, quantity 1 (shorthand for `items`). " + _ID_HELP
+    )
+    items = serializers.ListField(
+        child=SubscriptionItemCreate(),
+        min_length=1,
+        max_length=MAX_ITEMS,
+        required=False,
+        help_text="The prices billed each period, each at a quantity; they share one currency and billing "
+        "interval. Give `items` or `price`, not both.",
+    )
     billing_cycle_anchor = StrictDateTimeField(
         required=False,
         help_text="Start of the first billing period (default: now, or the customer's test clock time). "
@@ -172,14 +191,31 @@ class Price(serializers.Serializer):
     created = serializers.DateTimeField()
 
 
+class SubscriptionItem(serializers.Serializer):
+    """One price at a quantity on a subscription: each period bills `quantity × price.amount`."""
+
+    id = serializers.CharField()
+    object = object_field("subscription_item")
+    subscription = serializers.CharField()
+    price = Price()
+    quantity = serializers.IntegerField()
+    created = serializers.DateTimeField()
+
+
+class SubscriptionItemList(serializers.Serializer):
+    object = object_field("list")
+    data = SubscriptionItem(many=True)
+
+
 class Subscription(serializers.Serializer):
-    """A customer's subscription to a price, billed in advance at `next_billing_at`."""
+    """A customer's subscription to prices (its `items`), billed in advance at `next_billing_at`."""
 
     id = serializers.CharField()
     object = object_field("subscription")
     livemode = serializers.BooleanField()
     customer = serializers.CharField()
-    price = serializers.CharField()
+    price = serializers.CharField(help_text="The first item's price.")
+    items = SubscriptionItemList()
     status = serializers.ChoiceField(choices=SUBSCRIPTION_STATUSES)
     billing_cycle_anchor = serializers.DateTimeField()
     trial_end = serializers.DateTimeField(allow_null=True)
@@ -213,6 +249,9 @@ class LineItem(serializers.Serializer):
     currency = serializers.CharField()
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
+    subscription_item = serializers.CharField(allow_null=True, help_text="The subscription item the line bills.")
+    invoice_item = serializers.CharField(allow_null=True, help_text="The pending invoice item the line was made of.")
+    proration = serializers.BooleanField()
 
 
 class Invoice(serializers.Serializer):
@@ -225,6 +264,7 @@ class Invoice(serializers.Serializer):
     customer = serializers.CharField()
     subscription = serializers.CharField(allow_null=True)
     status = serializers.ChoiceField(choices=INVOICE_STATUSES)
+    billing_reason = serializers.ChoiceField(choices=["subscription_cycle", "subscription_update", "manual"])
     currency = serializers.CharField()
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()

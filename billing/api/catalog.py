@@ -131,7 +131,8 @@ class SubscriptionListView(ApiView):
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
             customer_id=data["customer"],
-            price_id=data["price"],
+            price_id=data.get("price"),
+            items=data.get("items"),
             billing_cycle_anchor=data.get("billing_cycle_anchor"),
             trial_end=data.get("trial_end"),
             trial_period_days=data.get("trial_period_days"),
@@ -148,7 +149,9 @@ class SubscriptionListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        subscriptions = self.filter_by_query(self.scoped(Subscription), query, customer="customer_id", status="status")
+        subscriptions = self.filter_by_query(
+            self.scoped(Subscription).prefetch_related("items__price"), query, customer="customer_id", status="status"
+        )
         if query.get("billing_state"):
             subscriptions = subscriptions.filter(BILLING_STATE_FILTERS[query["billing_state"]])
         return self.paginate(subscriptions, subscription_data, query, kind="subscription")
