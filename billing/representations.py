@@ -149,6 +149,27 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
     }
 
 
+def invoice_item_data(item) -> dict[str, Any]:
+    """A pending invoice item (Stripe's ``invoiceitem``): signed ``amount`` (negative: a credit); ``invoice`` is
+    null until an invoice sweeps it."""
+    return {
+        "id": item.id,
+        "object": "invoiceitem",
+        "livemode": item.livemode,
+        "customer": item.customer_id,
+        "subscription": item.subscription_id,
+        "invoice": item.invoice_id,
+        "amount": item.amount,
+        "currency": item.currency,
+        "description": item.description,
+        "price": item.price_id,
+        "quantity": item.quantity,
+        "proration": item.proration,
+        "period": {"start": iso(item.period_start), "end": iso(item.period_end)},
+        "date": iso(item.created_at),
+    }
+
+
 def ledger_entry_data(entry) -> dict[str, Any]:
     """A credit ledger entry: signed ``amount`` (+ grants, − applies or carries a debit) and the balance after."""
     return {

@@ -27,6 +27,7 @@ urlpatterns = [
     path("invoices/<str:id>/pay", payments.InvoicePayView.as_view(), name="invoice-pay"),
     path("invoices/<str:id>/void", payments.InvoiceVoidView.as_view(), name="invoice-void"),
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
+    path("invoiceitems", payments.InvoiceItemListView.as_view(), name="invoice-items"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
     # Test clocks (billing/api/clocks.py).
     path("test_clocks", clocks.TestClockListView.as_view(), name="test-clocks"),

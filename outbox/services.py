@@ -38,6 +38,7 @@ EVENT_TYPES = (
     "invoice.payment_failed",
     "invoice.voided",
     "invoice.marked_uncollectible",
+    "invoiceitem.created",
     "subscription.created",
     "subscription.updated",
     "subscription.past_due",

@@ -409,7 +409,12 @@ def finalize_or_pend_locked(
 
 
 def tax_quote(invoice: Invoice) -> TaxQuote | None:
-    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged)."""
+    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged).
+
+    A negative subtotal (credits larger than the charges) is not taxed: nothing is charged on it.
+    """
+    if invoice.subtotal < 0:
+        return TaxQuote(rate_bps=0, amount=0, applicable=False)
     try:
         return get_tax_provider().calculate(
             TaxableInvoice(

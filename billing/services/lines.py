@@ -93,7 +93,7 @@ def sweep_pending_locked(invoice: Invoice, sub: Subscription) -> list[InvoiceLin
     Each item is locked (``FOR UPDATE`` of the item, after the invoice in the lock order) and its
     ``invoice_id`` set only while still null, so an item another sweep took meanwhile is passed over;
     the line's UNIQUE ``invoice_item_id`` is the last guard. Adds the lines' amounts to the invoice's
-    ``subtotal``, ``total`` and ``amount_due`` in memory (the caller saves them).
+    ``subtotal`` and ``total`` in memory (``amount_due`` = the total, 0 at least) (the caller saves them).
     """
     candidates = list(
         InvoiceItem.objects.select_for_update(of=("self",))
@@ -118,7 +118,7 @@ def sweep_pending_locked(invoice: Invoice, sub: Subscription) -> list[InvoiceLin
     added = sum(line.amount for line in lines)
     invoice.subtotal += added
     invoice.total += added
-    invoice.amount_due += added
+    invoice.amount_due = max(invoice.total, 0)  # a draft's; finalising applies the balance (and a negative total)
     return lines
 
 
