@@ -71,9 +71,7 @@ def create_invoice_item(
                     f"No such subscription of this customer: '{subscription_id}'.", param="subscription"
                 )
             if subscription.status == Subscription.CANCELED:
-                raise StateConflictError(
-                    f"Subscription '{subscription.id}' is canceled.", code="subscription_canceled"
-                )
+                raise StateConflictError(f"Subscription '{subscription.id}' is canceled.", code="subscription_canceled")
         if not customer.currency:
             customer.currency = currency
             customer.save(update_fields=["currency"])
