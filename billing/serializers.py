@@ -116,6 +116,37 @@ class SubscriptionCreate(StrictSerializer):
     metadata = MetadataField(required=False)
 
 
+class SubscriptionItemUpdate(StrictSerializer):
+    id = IdField("subscription_item", required=False, help_text="An item of this subscription; none: a new item.")
+    price = IdField("price", required=False, help_text="The item's new price (a new item's price). " + _ID_HELP)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False)
+    deleted = StrictBooleanField(required=False, default=False, help_text="true: remove the item `id`.")
+
+
+class SubscriptionUpdate(StrictSerializer):
+    items = serializers.ListField(
+        child=SubscriptionItemUpdate(),
+        min_length=1,
+        max_length=MAX_ITEMS,
+        required=False,
+        help_text="Changes to the items, as Stripe's: `{id, quantity}` or `{id, price}` changes an item, "
+        "`{id, deleted: true}` removes it, `{price, quantity}` adds one. Items not named stay.",
+    )
+    proration_behavior = StrictChoiceField(
+        choices=["create_prorations", "always_invoice", "none"],
+        required=False,
+        default="create_prorations",
+        help_text="`create_prorations`: credit and charge lines for the rest of the current period, billed on "
+        "the next invoice; `always_invoice`: the same lines invoiced and charged now; `none`: no prorations.",
+    )
+    proration_date = StrictIntegerField(
+        min_value=0,
+        max_value=253402300799,
+        required=False,
+        help_text="Unix seconds: prorate as of this instant (a preview's), within the current period, not after now.",
+    )
+
+
 class SubscriptionCancel(StrictSerializer):
     at_period_end = StrictBooleanField(
         required=False,

@@ -15,7 +15,7 @@ from billing import serializers as s
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
-from billing.services import catalog
+from billing.services import catalog, changes
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 
 # ``Subscription.billing_state`` as filters: parked wins over waiting, as in the property.
@@ -167,6 +167,30 @@ class SubscriptionDetailView(ApiView):
     )
     def get(self, request, id):
         return Response(subscription_data(self.get_scoped(Subscription, id, kind="subscription")))
+
+    @extend_schema(
+        operation_id="subscriptions_update",
+        summary="Change a subscription's items",
+        description="Adds, removes, re-prices or re-quantifies items, prorating the rest of the current period "
+        "as `proration_behavior` says (docs/reference/billing-changes.md). Every item keeps the subscription's "
+        "currency and billing interval. 409 when the subscription is canceled.",
+        tags=["subscriptions"],
+        parameters=[id_path_parameter("subscription")],
+        request=s.SubscriptionUpdate,
+        responses={200: s.Subscription, 404: ERROR},
+    )
+    def post(self, request, id):
+        data = self.read_body(s.SubscriptionUpdate)
+        self.get_scoped(Subscription, id, kind="subscription")
+        subscription, _invoice = changes.change_subscription(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=id,
+            items=data.get("items"),
+            proration_behavior=data["proration_behavior"],
+            proration_date=data.get("proration_date"),
+        )
+        return Response(subscription_data(subscription))
 
 
 class SubscriptionCancelView(ApiView):

@@ -29,7 +29,12 @@ class SubscriptionItem(TenantScoped):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=models.Q(quantity__gte=1), name="subscription_item_quantity_positive"),
-            models.UniqueConstraint(fields=["subscription", "price"], name="subscription_item_one_per_price"),
+            # Deferred: a change may swap two items' prices in one transaction.
+            models.UniqueConstraint(
+                fields=["subscription", "price"],
+                name="subscription_item_one_per_price",
+                deferrable=models.Deferrable.DEFERRED,
+            ),
         ]
 
     def __str__(self) -> str:

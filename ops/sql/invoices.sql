@@ -46,12 +46,12 @@ WHERE prev_end < period_start;
 -- advance a period.
 WITH last AS (
     SELECT DISTINCT ON (subscription_id) subscription_id, period_start, period_end
-    FROM billing_invoice WHERE subscription_id IS NOT NULL
+    FROM billing_invoice WHERE subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
     ORDER BY subscription_id, period_end DESC
 ), advanced AS (
     SELECT DISTINCT i.subscription_id, i.period_start
     FROM billing_invoice i
-    WHERE i.subscription_id IS NOT NULL
+    WHERE i.subscription_id IS NOT NULL AND i.billing_reason = 'subscription_cycle'
       AND (i.status IN ('paid', 'uncollectible')
            OR (i.status = 'draft' AND i.tax_status = 'pending')
            OR EXISTS (SELECT 1 FROM billing_paymentattempt a
@@ -88,7 +88,8 @@ WHERE s.next_billing_at IS NOT NULL
 
 -- name: invoice_period_on_billing_cycle
 -- Every invoice period is one period of its subscription's cycle: [anchor + n × interval, anchor + (n+1) ×
--- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md).
+-- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md); a
+-- change invoiced at once bills the rest of a period from the change.
 SELECT i.id AS ref,
        'period [' || i.period_start || ', ' || i.period_end || ') is not a period of '
        || p.interval_count || ' ' || p.interval || ' anchored at ' || s.billing_cycle_anchor AS detail
@@ -105,7 +106,8 @@ CROSS JOIN LATERAL (
                  / CASE p.interval WHEN 'day' THEN 1 WHEN 'week' THEN 7 WHEN 'month' THEN 30.436875
                                    ELSE 365.2425 END)::int AS from_trial_end
 ) n
-WHERE NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
+WHERE i.billing_reason = 'subscription_cycle'
+  AND NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
            AND i.period_start = s.billing_cycle_anchor + make_interval(
                years => CASE p.interval WHEN 'year' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
                months => CASE p.interval WHEN 'month' THEN p.interval_count * (n.from_anchor) ELSE 0 END,

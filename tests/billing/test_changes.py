@@ -1,0 +1,181 @@
+"""Changing a subscription's items: prorations to the minor unit (hand-computed), always_invoice charged once,
+none, and a leap-year February. Every subscription here is on a test clock, so "now" is the clock's."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from billing.models import Invoice, InvoiceItem, PaymentAttempt, SubscriptionItem, TestClock
+from billing.services.drain import drain_due
+from tests.api.conftest import Api, make_keys
+from tests.billing.conftest import events
+
+
+@pytest.fixture
+def acme(book):
+    return make_keys("Acme")
+
+
+def _clocked(book, tenant, *, anchor, currency="usd", amount=1000, quantity=1):
+    """A subscription on a clock at ``anchor``, its first period billed (paid)."""
+    clock = TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=anchor)
+    customer = book.customer(tenant, clock=clock, currency=currency)
+    price = book.price(tenant, amount=amount, currency=currency)
+    price.nickname = "Basic"
+    price.save()
+    sub = book.subscription(customer, price, anchor=anchor, quantity=quantity)
+    drain_due(livemode=False, trigger="test_clock", tenant_id=tenant.id, test_clock_id=clock.id)
+    assert Invoice.objects.get(subscription=sub).status == "paid"
+    return clock, sub
+
+
+def _move(clock, at):
+    TestClock.objects.filter(pk=clock.pk).update(frozen_time=at)
+
+
+def _bill_next_period(tenant, clock, at):
+    _move(clock, at)
+    drain_due(livemode=False, trigger="test_clock", tenant_id=tenant.id, test_clock_id=clock.id)
+
+
+def _item(sub):
+    return SubscriptionItem.objects.get(subscription=sub)
+
+
+def _pro(book, tenant, amount, currency="usd"):
+    price = book.price(tenant, amount=amount, currency=currency)
+    price.nickname = "Pro"
+    price.save()
+    return price
+
+
+def test_an_upgrade_halfway_through_a_30_day_month_in_usd(book, acme, stripe_proxy):
+    # April has 30 days; April 16 00:00 leaves 15 of them: exactly half.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2999)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]}
+    )
+
+    assert status == 200, body
+    assert [(i["price"]["id"], i["quantity"]) for i in body["items"]["data"]] == [(pro.id, 1)]
+    assert body["price"] == pro.id
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [(p.amount, p.proration, p.invoice_id) for p in prorations] == [(-500, True, None), (1500, True, None)]
+    assert [p.description for p in prorations] == [
+        "Unused time on 1 × Basic after Apr 16, 2027",
+        "Remaining time on 1 × Pro after Apr 16, 2027",
+    ]
+    assert {(p.period_start, p.period_end) for p in prorations} == {
+        (datetime(2027, 4, 16, tzinfo=UTC), datetime(2027, 5, 1, tzinfo=UTC))
+    }
+    (updated,) = [e for e in events("subscription.updated", data__id=sub.id) if "previous_attributes" in e.data]
+    assert updated.data["previous_attributes"]["items"]["data"][0]["price"]["amount"] == 1000
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.amount, line.proration) for line in may.lines.all()] == [(2999, False), (-500, True), (1500, True)]
+    assert (may.subtotal, may.amount_paid, may.status) == (3999, 3999, "paid")
+
+
+def test_an_upgrade_in_jpy_rounds_each_line_once_half_away_from_zero(book, acme, stripe_proxy):
+    # Apr 11 10:00 → May 1: 1,692,000 of 2,592,000 s. Credit −980 × that = −639.72 → −640;
+    # charge 3,333 × that = 2,175.71 → 2,176 (yen have no minor unit).
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), currency="jpy", amount=980)
+    pro = _pro(book, acme.tenant, 3333, currency="jpy")
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]}
+    )
+
+    assert status == 200, body
+    assert list(InvoiceItem.objects.filter(subscription=sub).order_by("id").values_list("amount", "currency")) == [
+        (-640, "jpy"),
+        (2176, "jpy"),
+    ]
+
+
+def test_a_jan_31_anchor_changed_on_feb_15_of_a_leap_year(book, acme, stripe_proxy):
+    # The period is Jan 31 → Feb 29 2028 (29 days); Feb 15 leaves 14: credit −1000 × 14/29 = −482.76 → −483,
+    # charge 2000 × 14/29 = 965.52 → 966.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2028, 1, 31, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2000)
+    _move(clock, datetime(2028, 2, 15, tzinfo=UTC))
+
+    status, _ = Api(acme.test).post(f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]})
+
+    assert status == 200
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [p.amount for p in prorations] == [-483, 966]
+    assert prorations[0].period_end == datetime(2028, 2, 29, tzinfo=UTC)
+
+
+def test_always_invoice_charges_a_quantity_change_once_even_when_retried(book, acme, stripe_proxy):
+    # 3 → 5 seats of 1000 with half the period left: credit −1500, charge 2500, invoiced now: 1000.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+    body = {"items": [{"id": _item(sub).id, "quantity": 5}], "proration_behavior": "always_invoice"}
+
+    first = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    again = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    plain_retry = api.post(f"/v1/subscriptions/{sub.id}", body)
+
+    assert first[0] == again[0] == plain_retry[0] == 200, first
+    assert first == again
+    (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
+    assert [line.amount for line in invoice.lines.all()] == [-1500, 2500]
+    assert (invoice.total, invoice.amount_paid, invoice.status) == (1000, 1000, "paid")
+    assert invoice.change_key.startswith(f"{sub.id}:change:")
+    charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == "1000"]
+    assert len(charges) == 1
+    assert PaymentAttempt.objects.filter(invoice=invoice, outcome="succeeded").count() == 1
+    assert _item(sub).quantity == 5
+    assert not InvoiceItem.objects.filter(invoice__isnull=True).exists()
+
+
+def test_none_applies_the_new_items_from_the_next_invoice_without_prorations(book, acme, stripe_proxy):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2999)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+
+    status, _ = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}",
+        {
+            "items": [{"id": _item(sub).id, "deleted": True}, {"price": pro.id, "quantity": 2}],
+            "proration_behavior": "none",
+        },
+    )
+
+    assert status == 200
+    assert not InvoiceItem.objects.exists()
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.price_id, line.quantity, line.amount) for line in may.lines.all()] == [(pro.id, 2, 5998)]
+
+
+def test_bad_changes_are_refused_and_change_nothing(book, acme):
+    _clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    euro = book.price(acme.tenant, currency="eur")
+    yearly = book.price(acme.tenant, interval="year")
+    item = _item(sub)
+    api = Api(acme.test)
+
+    cases = [
+        ({"items": [{"price": euro.id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "price": yearly.id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "deleted": True}]}, 422, "items"),
+        ({"items": [{"id": "si_00000000000000000000000000"}]}, 404, "items[0][id]"),
+        ({"items": [{"price": item.price_id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "quantity": 2}], "proration_date": 0}, 422, "proration_date"),
+    ]
+    for body, status, param in cases:
+        got, error = api.post(f"/v1/subscriptions/{sub.id}", body)
+        assert (got, error["error"]["param"]) == (status, param), (body, error)
+    assert (_item(sub).price_id, _item(sub).quantity) == (item.price_id, 1)
+    assert not InvoiceItem.objects.exists()
+    assert all("previous_attributes" not in e.data for e in events("subscription.updated", data__id=sub.id))
