@@ -62,6 +62,16 @@ def _items_of(s) -> list:
     return list(s.items.select_related("price").order_by("created_at", "id"))
 
 
+def scheduled_change_data(s, schedule) -> dict[str, Any] | None:
+    """A change scheduled for the next period (``schedule``: the stored ``scheduled_items``), or None."""
+    if not schedule:
+        return None
+    return {
+        "effective_at": iso(s.next_billing_at),
+        "items": [{"id": e["id"], "price": e["price"], "quantity": e["quantity"]} for e in schedule],
+    }
+
+
 def subscription_data(s, items=None) -> dict[str, Any]:
     """Subscription shape; ``items`` (with prices) may be passed, or prefetched as ``items__price``, to save queries.
 
@@ -77,6 +87,7 @@ def subscription_data(s, items=None) -> dict[str, Any]:
         "customer": s.customer_id,
         "price": s.price_id,
         "items": {"object": "list", "data": [subscription_item_data(item) for item in items]},
+        "scheduled_change": scheduled_change_data(s, s.scheduled_items),
         "status": s.status,
         "billing_cycle_anchor": iso(s.billing_cycle_anchor),
         "trial_end": iso(s.trial_end),

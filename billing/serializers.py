@@ -145,6 +145,13 @@ class SubscriptionUpdate(StrictSerializer):
         required=False,
         help_text="Unix seconds: prorate as of this instant (a preview's), within the current period, not after now.",
     )
+    effective_at = StrictChoiceField(
+        choices=["immediately", "period_end"],
+        required=False,
+        default="immediately",
+        help_text="`period_end`: nothing is prorated; the next period's invoice bills the new items (a scheduled "
+        "change, shown as `scheduled_change`).",
+    )
 
 
 class SubscriptionCancel(StrictSerializer):
@@ -152,6 +159,32 @@ class SubscriptionCancel(StrictSerializer):
         required=False,
         default=False,
         help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
+    )
+
+
+class QueryUnixTimeField(serializers.IntegerField):
+    """Unix seconds in the query string: decimal digits only (up to 12)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not data.isascii() or not data.isdigit() or len(data) > 12:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class UpcomingInvoiceQuery(StrictSerializer):
+    subscription = QueryIdField("subscription", required=True, help_text=_ID_HELP)
+    items = QueryCharField(
+        max_length=20_000,
+        help_text="Proposed changes to the items, as the JSON array `items` of `POST /v1/subscriptions/{id}`.",
+    )
+    proration_behavior = StrictChoiceField(
+        choices=["create_prorations", "always_invoice", "none"], required=False, default="create_prorations"
+    )
+    proration_date = QueryUnixTimeField(
+        required=False,
+        min_value=0,
+        max_value=253402300799,
+        help_text="Unix seconds: prorate as of this instant (default: now).",
     )
 
 
@@ -238,6 +271,19 @@ class SubscriptionItemList(serializers.Serializer):
     data = SubscriptionItem(many=True)
 
 
+class ScheduledItem(serializers.Serializer):
+    id = serializers.CharField(allow_null=True, help_text="The item it changes; null: a new item.")
+    price = serializers.CharField()
+    quantity = serializers.IntegerField()
+
+
+class ScheduledChange(serializers.Serializer):
+    """Items a change with `effective_at=period_end` bills from the next period on."""
+
+    effective_at = serializers.DateTimeField()
+    items = ScheduledItem(many=True)
+
+
 class Subscription(serializers.Serializer):
     """A customer's subscription to prices (its `items`), billed in advance at `next_billing_at`."""
 
@@ -247,6 +293,7 @@ class Subscription(serializers.Serializer):
     customer = serializers.CharField()
     price = serializers.CharField(help_text="The first item's price.")
     items = SubscriptionItemList()
+    scheduled_change = ScheduledChange(allow_null=True)
     status = serializers.ChoiceField(choices=SUBSCRIPTION_STATUSES)
     billing_cycle_anchor = serializers.DateTimeField()
     trial_end = serializers.DateTimeField(allow_null=True)
@@ -315,3 +362,14 @@ class Invoice(serializers.Serializer):
     paid_at = serializers.DateTimeField(allow_null=True)
     voided_at = serializers.DateTimeField(allow_null=True)
     marked_uncollectible_at = serializers.DateTimeField(allow_null=True)
+
+
+class UpcomingLineItem(LineItem):
+    id = serializers.CharField(allow_null=True, help_text="null: the line is not written yet.")
+
+
+class UpcomingInvoice(Invoice):
+    """The next invoice as it would be billed (nothing is written): no id or number yet."""
+
+    id = serializers.CharField(allow_null=True)
+    lines = UpcomingLineItem(many=True)

@@ -13,6 +13,7 @@ urlpatterns = [
     path("subscriptions/<str:id>", catalog.SubscriptionDetailView.as_view(), name="subscription"),
     path("subscriptions/<str:id>/cancel", catalog.SubscriptionCancelView.as_view(), name="subscription-cancel"),
     path("invoices", catalog.InvoiceListView.as_view(), name="invoices"),
+    path("invoices/upcoming", catalog.InvoiceUpcomingView.as_view(), name="invoice-upcoming"),
     path("invoices/<str:id>", catalog.InvoiceDetailView.as_view(), name="invoice"),
     # Billing runs, retry-billing, payments and credit (billing/api/runs.py, billing/api/payments.py).
     path("billing/run", runs.BillingRunCreateView.as_view(), name="billing-run"),

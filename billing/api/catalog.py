@@ -6,6 +6,8 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
+import json
+
 from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -17,6 +19,7 @@ from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog, changes
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
+from hardcount.errors import InvalidParameters
 
 # ``Subscription.billing_state`` as filters: parked wins over waiting, as in the property.
 BILLING_STATE_FILTERS = {
@@ -189,6 +192,7 @@ class SubscriptionDetailView(ApiView):
             items=data.get("items"),
             proration_behavior=data["proration_behavior"],
             proration_date=data.get("proration_date"),
+            effective_at=data["effective_at"],
         )
         return Response(subscription_data(subscription))
 
@@ -244,3 +248,48 @@ class InvoiceDetailView(ApiView):
     )
     def get(self, request, id):
         return Response(invoice_data(self.get_scoped(Invoice.objects.prefetch_related("lines"), id, kind="invoice")))
+
+
+class InvoiceUpcomingView(ApiView):
+    get_query = s.UpcomingInvoiceQuery
+
+    @extend_schema(
+        operation_id="invoices_upcoming",
+        summary="Preview a subscription's next invoice",
+        description="The lines and totals the next invoice would have, optionally after a proposed change "
+        "(`items`, `proration_behavior`, `proration_date`: the same as `POST /v1/subscriptions/{id}`; with "
+        "`always_invoice`, the change's own invoice). Writes nothing. Give the preview's `proration_date` "
+        "to the change to get exactly these prorations.",
+        tags=["invoices"],
+        responses={200: s.UpcomingInvoice, 404: ERROR},
+    )
+    def get(self, request):
+        query = self.read_query()
+        items = None
+        if query.get("items"):
+            items = _proposed_items(query["items"])
+        invoice, lines = changes.preview_upcoming(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=query["subscription"],
+            items=items,
+            proration_behavior=query["proration_behavior"],
+            proration_date=query.get("proration_date"),
+        )
+        data = invoice_data(invoice, lines=lines)
+        data["id"] = None
+        for line in data["lines"]:
+            line["id"] = None
+        return Response(data)
+
+
+def _proposed_items(raw: str) -> list[dict]:
+    """The ``items`` query parameter: a JSON array validated as the update body's ``items``; 422 naming it."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidParameters("items must be a JSON array.", param="items") from exc
+    body = s.SubscriptionUpdate(data={"items": parsed})
+    if not body.is_valid():
+        raise InvalidParameters(f"items: {body.errors.get('items', body.errors)}", param="items")
+    return body.validated_data["items"]

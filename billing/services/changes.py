@@ -34,11 +34,13 @@ from billing.lock_objects import subscription_qs_select_for_update
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice
-from billing.representations import subscription_data, subscription_item_data
+from billing.representations import scheduled_change_data, subscription_data, subscription_item_data
 from billing.services.catalog import billing_now, check_items_agree
-from billing.services.close import finalize_or_pend_locked
+from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
 from billing.services.invoices import pay_invoice
-from billing.services.lines import item_line
+from billing.services.items import ItemAfter, scheduled_items, write_items_locked
+from billing.services.ledger import set_balance_applied
+from billing.services.lines import item_line, pending_for, period_description
 from billing.services.proration import prorate, remaining_share, whole_seconds
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_for
@@ -49,15 +51,6 @@ PRORATION_BEHAVIORS = (CREATE_PRORATIONS, ALWAYS_INVOICE, NONE)
 BUSINESS_RULE_CODES = business_rule_codes(
     "item_mismatch", "item_duplicate_price", "items_empty", "proration_date_out_of_range"
 )
-
-
-@dataclass
-class ItemAfter:
-    """One item as the change leaves it: an existing item's id (None: a new item), its price and quantity."""
-
-    id: str | None
-    price: Price
-    quantity: int
 
 
 @dataclass
@@ -266,6 +259,9 @@ def plan_change(
     return plan
 
 
+PERIOD_END = "period_end"
+
+
 def change_key(plan: ChangePlan) -> str:
     """The identity of a change invoiced at once: its subscription, instant and resulting items, hashed."""
     body = json.dumps([plan.subscription.id, plan.at.isoformat(), [(i.id, i.price.id, i.quantity) for i in plan.after]])
@@ -280,13 +276,17 @@ def change_subscription(
     items: list[dict] | None,
     proration_behavior: str = CREATE_PRORATIONS,
     proration_date: int | None = None,
+    effective_at: str = "immediately",
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
 
     Writes the items, the proration items (pending, or on the change's own invoice) and
     ``subscription.updated`` with ``previous_attributes.items``, in one transaction under the
     subscription's row lock; then charges an ``always_invoice`` invoice
-    (:func:`billing.services.invoices.pay_invoice`). Raises :class:`NotFoundError`,
+    (:func:`billing.services.invoices.pay_invoice`). ``effective_at="period_end"`` prorates nothing and
+    stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
+    applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
+    Raises :class:`NotFoundError`,
     :class:`InvalidRequestError` (see :func:`plan_change`) and :class:`StateConflictError` (a
     canceled subscription).
     """
@@ -301,10 +301,24 @@ def change_subscription(
             raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        if effective_at == PERIOD_END:
+            plan = plan_change(sub, items, proration_behavior=NONE)
+            previous_schedule = sub.scheduled_items
+            sub.scheduled_items = [
+                {"id": item.id, "price": item.price.id, "quantity": item.quantity} for item in plan.after
+            ]
+            sub.save(update_fields=["scheduled_items", "updated_at"])
+            data = subscription_data(sub)
+            data["previous_attributes"] = {"scheduled_change": scheduled_change_data(sub, previous_schedule)}
+            emit_for(sub, "subscription.updated", data, created_at=billing_now(sub.test_clock))
+            return sub, None
+        if sub.scheduled_items is not None:  # an immediate change replaces a scheduled one
+            sub.scheduled_items = None
+            sub.save(update_fields=["scheduled_items", "updated_at"])
         plan = plan_change(sub, items, proration_behavior=proration_behavior, proration_date=proration_date)
         now = billing_now(sub.test_clock)
         previous = [subscription_item_data(item) for item in plan.before]
-        _write_items(sub, plan, now)
+        write_items_locked(sub, plan, now)
         proration_items = _write_prorations(sub, plan, now)
         invoice = None
         if proration_behavior == ALWAYS_INVOICE and proration_items:
@@ -317,28 +331,6 @@ def change_subscription(
         invoice, _attempt, _outcome = pay_invoice(invoice.id, tenant_id=tenant_id, livemode=livemode)
     sub.refresh_from_db()
     return sub, invoice
-
-
-def _write_items(sub: Subscription, plan: ChangePlan, now: datetime) -> None:
-    kept = {item.id for item in plan.after if item.id}
-    SubscriptionItem.objects.filter(subscription=sub).exclude(pk__in=kept).delete()
-    current = {item.id: item for item in plan.before}
-    for item in plan.after:
-        if item.id is None:
-            SubscriptionItem.objects.create(
-                tenant_id=sub.tenant_id,
-                livemode=sub.livemode,
-                subscription=sub,
-                price=item.price,
-                quantity=item.quantity,
-                created_at=now,
-            )
-        elif (current[item.id].price_id, current[item.id].quantity) != (item.price.id, item.quantity):
-            SubscriptionItem.objects.filter(pk=item.id).update(price=item.price, quantity=item.quantity)
-    first = plan.after[0].price
-    if sub.price_id != first.id:
-        sub.price = first
-        sub.save(update_fields=["price", "updated_at"])
 
 
 def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> list[InvoiceItem]:
@@ -399,3 +391,101 @@ def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], 
     invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
     finalize_or_pend_locked(invoice, now=now, lines=lines)
     return invoice
+
+
+def preview_upcoming(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    subscription_id: str,
+    items: list[dict] | None = None,
+    proration_behavior: str = CREATE_PRORATIONS,
+    proration_date: int | None = None,
+) -> tuple[Invoice, list[InvoiceLineItem]]:
+    """The subscription's next invoice, unsaved, with its lines: what the next close would bill after the change
+    proposed (``items``, ``proration_behavior``, ``proration_date`` as for :func:`change_subscription`).
+
+    The next period's items (after the proposed change, or a scheduled one), the pending invoice items
+    it would sweep and the proposed prorations; tax and the customer's balance as finalising would
+    apply them. With ``always_invoice`` it is the change's own invoice (the prorations alone). Writes
+    nothing: it runs in a transaction that is rolled back. Raises as :func:`plan_change` does, and
+    :class:`StateConflictError` (``no_upcoming_invoice``) for a canceled subscription.
+    """
+    with transaction.atomic():
+        sub = (
+            Subscription.objects.select_related("price", "test_clock", "customer")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="subscription")
+        if sub.status == Subscription.CANCELED or sub.next_billing_at is None:
+            raise StateConflictError(
+                f"Subscription '{sub.id}' has no upcoming invoice: it is canceled.", code="no_upcoming_invoice"
+            )
+        plan = plan_change(sub, items, proration_behavior=proration_behavior, proration_date=proration_date)
+        now = billing_now(sub.test_clock)
+        prorations = [
+            InvoiceLineItem(
+                description=line.description,
+                price_id=line.price.id,
+                quantity=line.quantity,
+                amount=line.amount,
+                currency=line.price.currency,
+                period_start=line.period_start,
+                period_end=line.period_end,
+                proration=True,
+            )
+            for line in plan.prorations
+            if line.amount != 0
+        ]
+        price = sub.price
+        if proration_behavior == ALWAYS_INVOICE and prorations:
+            lines = prorations
+            start, end = plan.at, plan.period[1]
+            reason = Invoice.UPDATE
+        else:
+            start, end = period_bounds(
+                sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed
+            )
+            after = scheduled_items(sub) if items is None else plan.after
+            lines = [
+                InvoiceLineItem(
+                    description=period_description(item.price, item.quantity, start, end),
+                    price_id=item.price.id,
+                    quantity=item.quantity,
+                    amount=item.quantity * item.price.amount,
+                    currency=item.price.currency,
+                    period_start=start,
+                    period_end=end,
+                    subscription_item=item.id or "",
+                )
+                for item in after
+            ]
+            pending = InvoiceItem.objects.filter(pending_for(sub, price.currency)).order_by("created_at", "id")
+            lines += [item_line(item) for item in pending] + prorations
+            reason = Invoice.CYCLE
+        amount = sum(line.amount for line in lines)
+        invoice = Invoice(
+            tenant_id=sub.tenant_id,
+            livemode=sub.livemode,
+            customer_id=sub.customer_id,
+            subscription_id=sub.id,
+            status=Invoice.DRAFT,
+            billing_reason=reason,
+            currency=price.currency,
+            period_start=start,
+            period_end=end,
+            subtotal=amount,
+            total=amount,
+            amount_due=max(amount, 0),
+            created_at=now,
+        )
+        quote = tax_quote(invoice)
+        if quote is not None:
+            apply_tax(invoice, quote)
+        else:
+            invoice.tax_status = Invoice.TAX_PENDING
+        set_balance_applied(sub.customer, invoice)
+        transaction.set_rollback(True)
+    return invoice, lines

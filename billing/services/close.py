@@ -37,6 +37,7 @@ from billing.models import (
 )
 from billing.periods import period_bounds
 from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
+from billing.services.items import apply_scheduled_locked
 from billing.services.ledger import apply_balance_locked
 from billing.services.lines import items_by_subscription, period_lines, sweep_pending_locked
 from billing.services.payments import (
@@ -261,6 +262,8 @@ def _prepare(
             )
         if sub.cancel_at_period_end:
             return _cancel_at_period_end_locked(sub, run, now)
+        if sub.scheduled_items and apply_scheduled_locked(sub, now):
+            sub = Subscription.objects.select_related("price").get(pk=subscription_id)
 
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)

@@ -126,7 +126,7 @@ def prepare_page(
         attempted_at = attempt_time(now, test_clock_id=test_clock_id, as_of=as_of)
         bounds = {}
         for sub in subs:
-            if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end:
+            if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end and not sub.scheduled_items:
                 price = sub.price
                 bounds[sub.id] = period_bounds(
                     sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed

@@ -179,3 +179,99 @@ def test_bad_changes_are_refused_and_change_nothing(book, acme):
     assert (_item(sub).price_id, _item(sub).quantity) == (item.price_id, 1)
     assert not InvoiceItem.objects.exists()
     assert all("previous_attributes" not in e.data for e in events("subscription.updated", data__id=sub.id))
+
+
+def _row_counts():
+    from billing.models import InvoiceLineItem, LedgerEntry, Subscription
+    from outbox.models import Event
+
+    return {
+        model.__name__: model.objects.count()
+        for model in (Invoice, InvoiceLineItem, InvoiceItem, SubscriptionItem, Subscription, LedgerEntry, Event)
+    }
+
+
+def test_a_preview_then_the_change_with_its_proration_date_agree_exactly_and_the_preview_writes_nothing(
+    book, acme, stripe_proxy
+):
+    import json
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    pro = _pro(book, acme.tenant, 2999)
+    InvoiceItem.objects.create(
+        tenant=acme.tenant,
+        livemode=False,
+        customer_id=sub.customer_id,
+        amount=-200,
+        currency="usd",
+        period_start=datetime(2027, 4, 2, tzinfo=UTC),
+        period_end=datetime(2027, 4, 2, tzinfo=UTC),
+    )
+    previewed_at = datetime(2027, 4, 11, 10, tzinfo=UTC)
+    _move(clock, previewed_at)
+    proposed = [{"id": _item(sub).id, "quantity": 1}, {"price": pro.id}]
+    api = Api(acme.test)
+
+    before = _row_counts()
+    status, preview = api.get(
+        "/v1/invoices/upcoming",
+        {"subscription": sub.id, "items": json.dumps(proposed), "proration_date": str(int(previewed_at.timestamp()))},
+    )
+    assert status == 200, preview
+    assert _row_counts() == before
+
+    # Quantity 3 → 1 of 1000 and a new 2999, 1,692,000 of 2,592,000 s left: −3000 × … = −1958.33 → −1958,
+    # +1000 × … = 652.78 → 653, +2999 × … = 1957.68 → 1958.
+    assert [(line["amount"], line["proration"]) for line in preview["lines"]] == [
+        (1000, False),
+        (2999, False),
+        (-200, False),
+        (-1958, True),
+        (653, True),
+        (1958, True),
+    ]
+    assert (preview["id"], preview["subtotal"], preview["amount_due"]) == (None, 4452, 4452)
+    assert preview["period_start"] == "2027-05-01T00:00:00Z"
+
+    _move(clock, datetime(2027, 4, 12, tzinfo=UTC))  # the change comes a little later, with the preview's date
+    status, _ = api.post(
+        f"/v1/subscriptions/{sub.id}", {"items": proposed, "proration_date": int(previewed_at.timestamp())}
+    )
+    assert status == 200
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.amount, line.description) for line in may.lines.all()] == [
+        (line["amount"], line["description"]) for line in preview["lines"]
+    ]
+    assert (may.subtotal, may.amount_due) == (preview["subtotal"], preview["amount_due"])
+
+
+def test_a_downgrade_at_period_end_bills_the_new_items_from_the_next_period_without_prorations(
+    book, acme, stripe_proxy
+):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), amount=2999)
+    cheap = _pro(book, acme.tenant, 1000)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+
+    status, body = api.post(
+        f"/v1/subscriptions/{sub.id}",
+        {"items": [{"id": _item(sub).id, "price": cheap.id}], "effective_at": "period_end"},
+    )
+
+    assert status == 200, body
+    assert body["scheduled_change"] == {
+        "effective_at": "2027-05-01T00:00:00Z",
+        "items": [{"id": _item(sub).id, "price": cheap.id, "quantity": 1}],
+    }
+    assert body["items"]["data"][0]["price"]["amount"] == 2999  # unchanged until then
+    assert not InvoiceItem.objects.exists()
+    status, preview = api.get("/v1/invoices/upcoming", {"subscription": sub.id})
+    assert [line["amount"] for line in preview["lines"]] == [1000]
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.price_id, line.amount) for line in may.lines.all()] == [(cheap.id, 1000)]
+    sub.refresh_from_db()
+    assert (sub.scheduled_items, sub.price_id, _item(sub).price_id) == (None, cheap.id, cheap.id)
