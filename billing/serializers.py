@@ -160,6 +160,12 @@ class SubscriptionCancel(StrictSerializer):
         default=False,
         help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
     )
+    prorate = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="With a cancellation now: credit the unused time of the current period to the customer's "
+        "balance (ledger reason `proration_credit`).",
+    )
 
 
 class QueryUnixTimeField(serializers.IntegerField):

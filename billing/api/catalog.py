@@ -211,8 +211,12 @@ class SubscriptionCancelView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.SubscriptionCancel)
         self.get_scoped(Subscription, id, kind="subscription")
-        subscription = catalog.cancel_subscription(
-            tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, at_period_end=data["at_period_end"]
+        subscription = changes.cancel_subscription(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=id,
+            at_period_end=data["at_period_end"],
+            prorate=data["prorate"],
         )
         return Response(subscription_data(subscription))
 

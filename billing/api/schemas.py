@@ -6,6 +6,7 @@ Output serializers document the JSON of :mod:`billing.representations` (they nev
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing import models as billing_models
@@ -31,9 +32,20 @@ class Empty(StrictSerializer):
     """No fields: the body is ``{}`` (or empty)."""
 
 
+@extend_schema_field({"type": "integer", "minimum": -MAX_AMOUNT, "maximum": MAX_AMOUNT, "not": {"const": 0}})
+class NonZeroAmountField(StrictIntegerField):
+    """Signed minor units from ``-MAX_AMOUNT`` to ``MAX_AMOUNT``, never 0 (documented so in the schema)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value == 0:
+            self.fail("invalid")
+        return value
+
+
 class InvoiceItemCreate(StrictSerializer):
     customer = IdField("customer", help_text="An id of the caller's tenant and mode; any other id is answered 404.")
-    amount = StrictIntegerField(
+    amount = NonZeroAmountField(
         min_value=-MAX_AMOUNT,
         max_value=MAX_AMOUNT,
         help_text="Signed minor units of `currency`, not 0: negative is a credit on the next invoice.",
@@ -143,7 +155,9 @@ class LedgerEntry(serializers.Serializer):
     amount = serializers.IntegerField(help_text="Signed minor units: + grants credit, − applies it or records a debit.")
     currency = serializers.CharField()
     balance_after = serializers.IntegerField()
-    reason = serializers.ChoiceField(choices=["grant", "applied_to_invoice", "carried_debit", "adjustment"])
+    reason = serializers.ChoiceField(
+        choices=["grant", "applied_to_invoice", "carried_debit", "adjustment", "proration_credit"]
+    )
     description = serializers.CharField(allow_blank=True)
     invoice = serializers.CharField(allow_null=True)
     created = serializers.DateTimeField()

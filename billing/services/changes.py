@@ -29,17 +29,18 @@ from datetime import UTC, datetime
 
 from django.db import connection, transaction
 
-from billing.events import invoice_event
-from billing.lock_objects import subscription_qs_select_for_update
+from billing.events import invoice_event, ledger_entry_event
+from billing.lock_objects import customer_locked, subscription_qs_select_for_update
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice
 from billing.representations import scheduled_change_data, subscription_data, subscription_item_data
 from billing.services.catalog import billing_now, check_items_agree
+from billing.services.catalog import cancel_subscription as catalog_cancel
 from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
 from billing.services.invoices import pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
-from billing.services.ledger import set_balance_applied
+from billing.services.ledger import credit_proration_locked, set_balance_applied
 from billing.services.lines import item_line, pending_for, period_description
 from billing.services.proration import prorate, remaining_share, whole_seconds
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
@@ -49,7 +50,7 @@ CREATE_PRORATIONS, ALWAYS_INVOICE, NONE = "create_prorations", "always_invoice",
 PRORATION_BEHAVIORS = (CREATE_PRORATIONS, ALWAYS_INVOICE, NONE)
 
 BUSINESS_RULE_CODES = business_rule_codes(
-    "item_mismatch", "item_duplicate_price", "items_empty", "proration_date_out_of_range"
+    "item_mismatch", "item_duplicate_price", "items_empty", "proration_date_out_of_range", "prorate_conflict"
 )
 
 
@@ -489,3 +490,51 @@ def preview_upcoming(
         set_balance_applied(sub.customer, invoice)
         transaction.set_rollback(True)
     return invoice, lines
+
+
+def cancel_subscription(
+    *, tenant_id: str, livemode: bool, subscription_id: str, at_period_end: bool = False, prorate: bool = False
+) -> Subscription:
+    """Cancel as :func:`billing.services.catalog.cancel_subscription`; with ``prorate`` (now only), also credit the
+    unused time of the invoiced current period to the customer's balance.
+
+    One ledger entry per item, reason ``proration_credit``, each ``quantity × amount × remaining / period``
+    rounded once (:func:`billing.services.proration.prorate`), emitted as ``customer.credit_granted``. Raises
+    as the cancel does, and :class:`InvalidRequestError` for ``prorate`` with ``at_period_end`` (nothing is
+    unused at the period's end).
+    """
+    if not prorate:
+        return catalog_cancel(
+            tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id, at_period_end=at_period_end
+        )
+    if at_period_end:
+        raise InvalidRequestError(
+            "prorate applies to a cancellation now, not at period end.", code="prorate_conflict", param="prorate"
+        )
+    with transaction.atomic():
+        sub = (
+            subscription_qs_select_for_update()
+            .select_related("price", "test_clock")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        plan = ChangePlan(sub, whole_seconds(billing_now(sub.test_clock)), [], [], None)
+        if sub.status != Subscription.CANCELED:
+            plan.before = list(sub.items.select_related("price").order_by("created_at", "id"))
+            plan.period = invoiced_period(sub, plan.at)
+        credits = [line for line in _prorations(plan) if line.amount < 0]
+        canceled = catalog_cancel(tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id)
+        if credits:
+            customer = customer_locked(sub.customer_id)
+            for line in credits:
+                entry = credit_proration_locked(
+                    customer,
+                    amount=-line.amount,
+                    currency=line.price.currency,
+                    at=plan.at,
+                    description=f"{line.description} (canceled {sub.id})",
+                )
+                ledger_entry_event(entry, "customer.credit_granted", created_at=plan.at)
+    return canceled

@@ -147,6 +147,14 @@ def return_credit_locked(customer: Customer, invoice: Invoice, *, at: datetime) 
     )
 
 
+def credit_proration_locked(customer: Customer, *, amount: int, currency: str, at: datetime, description: str):
+    """Credit ``amount`` (> 0) minor units of unused subscription time to the balance (customer row locked),
+    reason ``proration_credit``."""
+    return _append_locked(
+        customer, amount=amount, currency=currency, reason=LedgerEntry.PRORATION_CREDIT, at=at, description=description
+    )
+
+
 def grant_credit(
     customer_id: str,
     *,

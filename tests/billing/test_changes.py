@@ -275,3 +275,100 @@ def test_a_downgrade_at_period_end_bills_the_new_items_from_the_next_period_with
     assert [(line.price_id, line.amount) for line in may.lines.all()] == [(cheap.id, 1000)]
     sub.refresh_from_db()
     assert (sub.scheduled_items, sub.price_id, _item(sub).price_id) == (None, cheap.id, cheap.id)
+
+
+def test_cancel_with_proration_credits_the_unused_time_to_the_balance(book, acme, stripe_proxy):
+    # 3 seats of 1000, canceled on Apr 11 10:00: 3000 × 1,692,000 / 2,592,000 = 1958.33 → 1958 credited.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True})
+
+    assert status == 200, body
+    assert (body["status"], body["ended_at"]) == ("canceled", "2027-04-11T10:00:00Z")
+    from billing.models import Customer, LedgerEntry
+
+    entry = LedgerEntry.objects.get(customer_id=sub.customer_id)
+    assert (entry.reason, entry.amount, entry.balance_after, entry.created_at) == (
+        "proration_credit",
+        1958,
+        1958,
+        datetime(2027, 4, 11, 10, tzinfo=UTC),
+    )
+    assert entry.description.startswith("Unused time on 3 × Basic after Apr 11, 2027")
+    assert Customer.objects.get(pk=sub.customer_id).credit_balance == 1958
+    assert [e.data["amount"] for e in events("customer.credit_granted")] == [1958]
+
+
+def test_cancel_at_period_end_with_prorate_is_refused(book, acme):
+    _clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True, "at_period_end": True})
+    assert (status, body["error"]["code"]) == (422, "prorate_conflict")
+    sub.refresh_from_db()
+    assert (sub.status, sub.cancel_at_period_end) == ("active", False)
+
+
+def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(book, acme, stripe_proxy, settings):
+    # The change waits on the subscription's row lock while the close of May holds it: May's invoice bills the
+    # old item whole, and the change then prorates May (its period now), not April.
+    import threading
+
+    from django.db import connection
+
+    from billing.services import close as close_module
+    from billing.services.changes import change_subscription
+
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = False  # the per-close path, whose step 1 the test holds open
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2000)
+    _move(clock, datetime(2027, 5, 1, tzinfo=UTC))
+    item_id = _item(sub).id
+    prepared, release = threading.Event(), threading.Event()
+    original = close_module._materialise
+
+    def slow_materialise(*args, **kwargs):
+        result = original(*args, **kwargs)
+        prepared.set()
+        release.wait(10)
+        return result
+
+    close_module._materialise = slow_materialise
+    try:
+        drainer = threading.Thread(
+            target=lambda: (
+                drain_due(livemode=False, trigger="test_clock", tenant_id=acme.tenant.id, test_clock_id=clock.id),
+                connection.close(),
+            )
+        )
+        drainer.start()
+        assert prepared.wait(20)
+        changed = {}
+
+        def change():
+            try:
+                changed["sub"] = change_subscription(
+                    tenant_id=acme.tenant.id,
+                    livemode=False,
+                    subscription_id=sub.id,
+                    items=[{"id": item_id, "price": pro.id}],
+                )
+            finally:
+                connection.close()
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        changer.join(1)
+        assert changer.is_alive(), "the change waits for the close's lock"
+        release.set()
+        drainer.join(30)
+        changer.join(30)
+    finally:
+        close_module._materialise = original
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [line.amount for line in may.lines.all()] == [1000]
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [(p.amount, p.period_start, p.period_end) for p in prorations] == [
+        (-1000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+        (2000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+    ]
