@@ -12,7 +12,8 @@ a page at a time:
 
 1. :func:`prepare_page`, one transaction: lock the page's subscriptions still due for the claimed
    period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
-   finalise every plain close's invoice with its line, take the tenant's gapless numbers in one
+   finalise every plain close's invoice with its lines (one per subscription item, read for the
+   whole page in one query), take the tenant's gapless numbers in one
    counter update, reserve each first payment attempt, and emit ``invoice.created`` and
    ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
@@ -21,8 +22,9 @@ a page at a time:
    mark its invoice paid, advance its period, and emit ``invoice.paid`` and ``subscription.updated``.
 
 Everything else goes back to the drain to close one by one with the full rules: a subscription
-that is not plain (cancelling at period end, ``past_due``, an invoice already there, tax pending,
-nothing or too little to charge, no payment method) and every charge that did
+that is not plain (cancelling at period end, a change scheduled, pending invoice items of its
+customer, ``past_due``, an invoice already there, tax pending, nothing or too little to charge, no
+payment method) and every charge that did
 not succeed (a decline starts dunning; a failure goes on the retry ladder). A database error in
 either transaction rolls that page's batch back whole and hands every close in it to the same
 per-close path, so a page close is never less safe than the closes it replaces; the unique index
