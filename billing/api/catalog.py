@@ -19,7 +19,7 @@ from billing.models import Customer, Invoice, Price, Subscription
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog, changes
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
-from hardcount.errors import InvalidParameters
+from hardcount.errors import InvalidRequestError, business_rule_codes
 
 # ``Subscription.billing_state`` as filters: parked wins over waiting, as in the property.
 BILLING_STATE_FILTERS = {
@@ -287,13 +287,19 @@ class InvoiceUpcomingView(ApiView):
         return Response(data)
 
 
+# A JSON array inside a query string: its shape is a rule the OpenAPI document states in prose only.
+PROPOSED_ITEMS_CODES = business_rule_codes("items_invalid")
+
+
 def _proposed_items(raw: str) -> list[dict]:
     """The ``items`` query parameter: a JSON array validated as the update body's ``items``; 422 naming it."""
     try:
         parsed = json.loads(raw)
     except ValueError as exc:
-        raise InvalidParameters("items must be a JSON array.", param="items") from exc
+        raise InvalidRequestError("items must be a JSON array.", code="items_invalid", param="items") from exc
     body = s.SubscriptionUpdate(data={"items": parsed})
     if not body.is_valid():
-        raise InvalidParameters(f"items: {body.errors.get('items', body.errors)}", param="items")
+        raise InvalidRequestError(
+            f"items: {body.errors.get('items', body.errors)}", code="items_invalid", param="items"
+        )
     return body.validated_data["items"]

@@ -358,8 +358,9 @@ def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> lis
     return items
 
 
-def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], now: datetime) -> Invoice | None:
-    """The change's own invoice of ``items`` (just written), finalised; None when this change was invoiced before."""
+def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], now: datetime) -> Invoice:
+    """The change's own invoice of ``items`` (just written), finalised. Raises :class:`StateConflictError` when this
+    change (same ``change_key``) was invoiced before."""
     amount = sum(item.amount for item in items)
     invoice = Invoice(
         tenant_id=sub.tenant_id,
@@ -379,7 +380,11 @@ def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], 
     )
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
-        return None
+        # The same change (subscription, instant, items) was invoiced already: roll this one back whole, or its
+        # proration items would stay pending and be billed a second time.
+        raise StateConflictError(
+            f"This change of subscription '{sub.id}' has been invoiced already.", code="change_already_invoiced"
+        )
     invoice._state.adding = False
     invoice._state.db = connection.alias
     InvoiceItem.objects.filter(pk__in=[item.pk for item in items], invoice__isnull=True).update(invoice=invoice)
