@@ -21,12 +21,14 @@ from billing.models import (
     Customer,
     Invoice,
     InvoiceCounter,
+    InvoiceItem,
     InvoiceLineItem,
     LedgerEntry,
     PaymentAttempt,
     Price,
     StripeEvent,
     Subscription,
+    SubscriptionItem,
     TestClock,
 )
 from billing.models.subscriptions import BILLING_STATE_FILTERS
@@ -520,6 +522,28 @@ class InvoiceLineItemAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(queryset, search_term, {"il_": "pk", "in_": "invoice_id"})
+
+
+@admin.register(SubscriptionItem)
+class SubscriptionItemAdmin(ReadOnlyAdmin):
+    list_display = ("id", "subscription", "price", "quantity", "tenant", "livemode")
+    list_select_related = ("subscription", "price", "tenant")
+    search_fields = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"si_": "pk", "sub_": "subscription_id"})
+
+
+@admin.register(InvoiceItem)
+class InvoiceItemAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created_at", "customer", "subscription", "amount", "currency", "proration", "invoice")
+    list_select_related = ("customer", "subscription", "invoice")
+    search_fields = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset, search_term, {"ii_": "pk", "cus_": "customer_id", "sub_": "subscription_id", "in_": "invoice_id"}
+        )
 
 
 @admin.register(InvoiceCounter)

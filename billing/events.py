@@ -18,6 +18,7 @@ from billing.representations import (
     billing_run_data,
     customer_data,
     invoice_data,
+    invoice_item_data,
     ledger_entry_data,
     price_data,
     subscription_data,
@@ -48,6 +49,11 @@ def charge_event(invoice, type: str, data: dict[str, Any], *, created_at: dateti
 def subscription_event(subscription, type: str, *, created_at: datetime | None = None):
     """Emit ``type`` about a subscription (:func:`~billing.representations.subscription_data`)."""
     return emit_for(subscription, type, subscription_data(subscription), created_at=created_at)
+
+
+def invoice_item_event(item, type: str, *, created_at: datetime | None = None):
+    """Emit ``type`` about a pending invoice item (:func:`~billing.representations.invoice_item_data`)."""
+    return emit_for(item, type, invoice_item_data(item), created_at=created_at)
 
 
 def customer_event(customer, type: str, *, created_at: datetime | None = None):
@@ -86,6 +92,7 @@ __all__ = [
     "charge_event",
     "customer_event",
     "invoice_event",
+    "invoice_item_event",
     "ledger_entry_event",
     "price_event",
     "subscription_event",

@@ -4,6 +4,7 @@ The lock order (docs/decisions/0010-drain-claims-and-parallel-closes.md, 0016-pa
 
 1. subscription
 2. invoice
+   - pending invoice items an invoice sweeps in (:func:`billing.services.lines.sweep_pending_locked`, id order)
 3. payment attempt
 4. customer (the ledger's balance: every ledger write holds it)
 5. invoice counter (:func:`billing.queries.next_invoice_number`, an upsert: take it last)

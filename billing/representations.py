@@ -51,13 +51,51 @@ def pause_collection_data(s) -> dict[str, Any] | None:
     return {"behavior": pause["behavior"], "resumes_at": iso(pause["resumes_at"])}
 
 
-def subscription_data(s) -> dict[str, Any]:
+def subscription_item_data(item) -> dict[str, Any]:
+    """A subscription item, its price embedded as Stripe's is."""
+    return {
+        "id": item.id,
+        "object": "subscription_item",
+        "subscription": item.subscription_id,
+        "price": price_data(item.price),
+        "quantity": item.quantity,
+        "created": iso(item.created_at),
+    }
+
+
+def _items_of(s) -> list:
+    prefetched = getattr(s, "_prefetched_objects_cache", {}).get("items")
+    if prefetched is not None:
+        return sorted(prefetched, key=lambda item: (item.created_at, item.id))
+    return list(s.items.select_related("price").order_by("created_at", "id"))
+
+
+def scheduled_change_data(s, schedule) -> dict[str, Any] | None:
+    """A change scheduled for the next period (``schedule``: the stored ``scheduled_items``), or None."""
+    if not schedule:
+        return None
+    return {
+        "effective_at": iso(s.next_billing_at),
+        "items": [{"id": e["id"], "price": e["price"], "quantity": e["quantity"]} for e in schedule],
+    }
+
+
+def subscription_data(s, items=None) -> dict[str, Any]:
+    """Subscription shape; ``items`` (with prices) may be passed, or prefetched as ``items__price``, to save queries.
+
+    ``items`` is a list object as Stripe's (``{"object": "list", "data": [...]}``); ``price`` is the
+    first item's price.
+    """
+    if items is None:
+        items = _items_of(s)
     return {
         "id": s.id,
         "object": "subscription",
         "livemode": s.livemode,
         "customer": s.customer_id,
         "price": s.price_id,
+        "items": {"object": "list", "data": [subscription_item_data(item) for item in items]},
+        "scheduled_change": scheduled_change_data(s, s.scheduled_items),
         "status": s.status,
         "billing_cycle_anchor": iso(s.billing_cycle_anchor),
         "trial_end": iso(s.trial_end),
@@ -90,6 +128,9 @@ def line_item_data(line) -> dict[str, Any]:
         "currency": line.currency,
         "period_start": iso(line.period_start),
         "period_end": iso(line.period_end),
+        "subscription_item": line.subscription_item or None,
+        "invoice_item": line.invoice_item_id,
+        "proration": line.proration,
     }
 
 
@@ -105,6 +146,7 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "customer": inv.customer_id,
         "subscription": inv.subscription_id,
         "status": inv.status,
+        "billing_reason": inv.billing_reason,
         "currency": inv.currency,
         "period_start": iso(inv.period_start),
         "period_end": iso(inv.period_end),
@@ -124,6 +166,27 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "paid_at": iso(inv.paid_at),
         "voided_at": iso(inv.voided_at),
         "marked_uncollectible_at": iso(inv.marked_uncollectible_at),
+    }
+
+
+def invoice_item_data(item) -> dict[str, Any]:
+    """A pending invoice item (Stripe's ``invoiceitem``): signed ``amount`` (negative: a credit); ``invoice`` is
+    null until an invoice sweeps it."""
+    return {
+        "id": item.id,
+        "object": "invoiceitem",
+        "livemode": item.livemode,
+        "customer": item.customer_id,
+        "subscription": item.subscription_id,
+        "invoice": item.invoice_id,
+        "amount": item.amount,
+        "currency": item.currency,
+        "description": item.description,
+        "price": item.price_id,
+        "quantity": item.quantity,
+        "proration": item.proration,
+        "period": {"start": iso(item.period_start), "end": iso(item.period_end)},
+        "date": iso(item.created_at),
     }
 
 

@@ -18,7 +18,7 @@ from rest_framework.fields import empty
 
 from billing.models.subscriptions import PauseBehavior, SubscriptionStatus
 from billing.periods import INTERVALS
-from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_TRIAL_DAYS
+from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_ITEMS, MAX_TRIAL_DAYS
 from hardcount.api import (
     STARTING_AFTER_HELP,
     IdField,
@@ -86,9 +86,28 @@ class PriceCreate(StrictSerializer):
     active = StrictBooleanField(required=False, default=True)
 
 
+# Largest quantity of one subscription item (Stripe's own bound is larger; ours keeps every line in bigint range).
+MAX_QUANTITY = 10_000
+
+
+class SubscriptionItemCreate(StrictSerializer):
+    price = IdField("price", help_text=_ID_HELP)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, default=1)
+
+
 class SubscriptionCreate(StrictSerializer):
     customer = IdField("customer", help_text=_ID_HELP)
-    price = IdField("price", help_text=_ID_HELP)
+    price = IdField(
+        "price", required=False, help_text="One item of this price, quantity 1 (shorthand for `items`). " + _ID_HELP
+    )
+    items = serializers.ListField(
+        child=SubscriptionItemCreate(),
+        min_length=1,
+        max_length=MAX_ITEMS,
+        required=False,
+        help_text="The prices billed each period, each at a quantity; they share one currency and billing "
+        "interval. Give `items` or `price`, not both.",
+    )
     billing_cycle_anchor = StrictDateTimeField(
         required=False,
         help_text="Start of the first billing period (default: now, or the customer's test clock time). "
@@ -151,9 +170,44 @@ class PauseCollection(StrictSerializer):
         return super().run_validation(data)
 
 
+class SubscriptionItemUpdate(StrictSerializer):
+    id = IdField("subscription_item", required=False, help_text="An item of this subscription; none: a new item.")
+    price = IdField("price", required=False, help_text="The item's new price (a new item's price). " + _ID_HELP)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False)
+    deleted = StrictBooleanField(required=False, default=False, help_text="true: remove the item `id`.")
+
+
 class SubscriptionUpdate(StrictSerializer):
     """The body of ``POST /v1/subscriptions/{id}``: each field is optional and only those given change."""
 
+    items = serializers.ListField(
+        child=SubscriptionItemUpdate(),
+        min_length=1,
+        max_length=MAX_ITEMS,
+        required=False,
+        help_text="Changes to the items, as Stripe's: `{id, quantity}` or `{id, price}` changes an item, "
+        "`{id, deleted: true}` removes it, `{price, quantity}` adds one. Items not named stay.",
+    )
+    proration_behavior = StrictChoiceField(
+        choices=["create_prorations", "always_invoice", "none"],
+        required=False,
+        default="create_prorations",
+        help_text="`create_prorations`: credit and charge lines for the rest of the current period, billed on "
+        "the next invoice; `always_invoice`: the same lines invoiced and charged now; `none`: no prorations.",
+    )
+    proration_date = StrictIntegerField(
+        min_value=0,
+        max_value=253402300799,
+        required=False,
+        help_text="Unix seconds: prorate as of this instant (a preview's), within the current period, not after now.",
+    )
+    effective_at = StrictChoiceField(
+        choices=["immediately", "period_end"],
+        required=False,
+        default="immediately",
+        help_text="`period_end`: nothing is prorated; the next period's invoice bills the new items (a scheduled "
+        "change, shown as `scheduled_change`).",
+    )
     pause_collection = PauseCollection(
         required=False,
         allow_null=True,
@@ -166,6 +220,38 @@ class SubscriptionCancel(StrictSerializer):
         required=False,
         default=False,
         help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
+    )
+    prorate = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="With a cancellation now: credit the unused time of the current period to the customer's "
+        "balance (ledger reason `proration_credit`).",
+    )
+
+
+class QueryUnixTimeField(serializers.IntegerField):
+    """Unix seconds in the query string: decimal digits only (up to 12)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not data.isascii() or not data.isdigit() or len(data) > 12:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class UpcomingInvoiceQuery(StrictSerializer):
+    subscription = QueryIdField("subscription", required=True, help_text=_ID_HELP)
+    items = QueryCharField(
+        max_length=20_000,
+        help_text="Proposed changes to the items, as the JSON array `items` of `POST /v1/subscriptions/{id}`.",
+    )
+    proration_behavior = StrictChoiceField(
+        choices=["create_prorations", "always_invoice", "none"], required=False, default="create_prorations"
+    )
+    proration_date = QueryUnixTimeField(
+        required=False,
+        min_value=0,
+        max_value=253402300799,
+        help_text="Unix seconds: prorate as of this instant (default: now).",
     )
 
 
@@ -246,14 +332,45 @@ class PauseCollectionOut(serializers.Serializer):
     )
 
 
+class SubscriptionItem(serializers.Serializer):
+    """One price at a quantity on a subscription: each period bills `quantity × price.amount`."""
+
+    id = serializers.CharField()
+    object = object_field("subscription_item")
+    subscription = serializers.CharField()
+    price = Price()
+    quantity = serializers.IntegerField()
+    created = serializers.DateTimeField()
+
+
+class SubscriptionItemList(serializers.Serializer):
+    object = object_field("list")
+    data = SubscriptionItem(many=True)
+
+
+class ScheduledItem(serializers.Serializer):
+    id = serializers.CharField(allow_null=True, help_text="The item it changes; null: a new item.")
+    price = serializers.CharField()
+    quantity = serializers.IntegerField()
+
+
+class ScheduledChange(serializers.Serializer):
+    """Items a change with `effective_at=period_end` bills from the next period on."""
+
+    effective_at = serializers.DateTimeField()
+    items = ScheduledItem(many=True)
+
+
 class Subscription(serializers.Serializer):
-    """A customer's subscription to a price, billed in advance at `next_billing_at`."""
+    """A customer's subscription to prices (its `items`), billed in advance at `next_billing_at`."""
 
     id = serializers.CharField()
     object = object_field("subscription")
     livemode = serializers.BooleanField()
     customer = serializers.CharField()
-    price = serializers.CharField()
+    price = serializers.CharField(help_text="The first item's price.")
+    items = SubscriptionItemList()
+    scheduled_change = ScheduledChange(allow_null=True)
     status = serializers.ChoiceField(choices=SUBSCRIPTION_STATUSES)
     billing_cycle_anchor = serializers.DateTimeField()
     trial_end = serializers.DateTimeField(allow_null=True)
@@ -290,6 +407,9 @@ class LineItem(serializers.Serializer):
     currency = serializers.CharField()
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
+    subscription_item = serializers.CharField(allow_null=True, help_text="The subscription item the line bills.")
+    invoice_item = serializers.CharField(allow_null=True, help_text="The pending invoice item the line was made of.")
+    proration = serializers.BooleanField()
 
 
 class Invoice(serializers.Serializer):
@@ -302,6 +422,7 @@ class Invoice(serializers.Serializer):
     customer = serializers.CharField()
     subscription = serializers.CharField(allow_null=True)
     status = serializers.ChoiceField(choices=INVOICE_STATUSES)
+    billing_reason = serializers.ChoiceField(choices=["subscription_cycle", "subscription_update", "manual"])
     currency = serializers.CharField()
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
@@ -321,3 +442,14 @@ class Invoice(serializers.Serializer):
     paid_at = serializers.DateTimeField(allow_null=True)
     voided_at = serializers.DateTimeField(allow_null=True)
     marked_uncollectible_at = serializers.DateTimeField(allow_null=True)
+
+
+class UpcomingLineItem(LineItem):
+    id = serializers.CharField(allow_null=True, help_text="null: the line is not written yet.")
+
+
+class UpcomingInvoice(Invoice):
+    """The next invoice as it would be billed (nothing is written): no id or number yet."""
+
+    id = serializers.CharField(allow_null=True)
+    lines = UpcomingLineItem(many=True)

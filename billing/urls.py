@@ -13,6 +13,7 @@ urlpatterns = [
     path("subscriptions/<str:id>", catalog.SubscriptionDetailView.as_view(), name="subscription"),
     path("subscriptions/<str:id>/cancel", catalog.SubscriptionCancelView.as_view(), name="subscription-cancel"),
     path("invoices", catalog.InvoiceListView.as_view(), name="invoices"),
+    path("invoices/upcoming", catalog.InvoiceUpcomingView.as_view(), name="invoice-upcoming"),
     path("invoices/<str:id>", catalog.InvoiceDetailView.as_view(), name="invoice"),
     # Billing runs, retry-billing, payments and credit (billing/api/runs.py, billing/api/payments.py).
     path("billing/run", runs.BillingRunCreateView.as_view(), name="billing-run"),
@@ -27,6 +28,7 @@ urlpatterns = [
     path("invoices/<str:id>/pay", payments.InvoicePayView.as_view(), name="invoice-pay"),
     path("invoices/<str:id>/void", payments.InvoiceVoidView.as_view(), name="invoice-void"),
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
+    path("invoiceitems", payments.InvoiceItemListView.as_view(), name="invoice-items"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
     # Test clocks (billing/api/clocks.py).
     path("test_clocks", clocks.TestClockListView.as_view(), name="test-clocks"),

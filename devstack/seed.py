@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 
-from billing.models import Customer, LedgerEntry, Price, Subscription
+from billing.models import Customer, LedgerEntry, Price, Subscription, SubscriptionItem
 from billing.representations import customer_data, ledger_entry_data, price_data, subscription_data
 from hardcount.bulk import copy_models
 from hardcount.times import database_now
@@ -292,7 +292,17 @@ def seed_demo_book(
             )
             summary.by_price[PRICES[index].nickname] = summary.by_price.get(PRICES[index].nickname, 0) + 1
         copy_models(Subscription, subs)
-        events += [("subscription.created", subscription_data(s), now) for s in subs]
+        items = [
+            SubscriptionItem(
+                tenant_id=tenant_id, livemode=livemode, subscription=sub, price=sub.price, quantity=1, created_at=now
+            )
+            for sub in subs
+        ]
+        copy_models(SubscriptionItem, items)
+        events += [
+            ("subscription.created", subscription_data(s, items=[item]), now)
+            for s, item in zip(subs, items, strict=True)
+        ]
         summary.events = outbox_services.emit_events(events, tenant_id=tenant_id, livemode=livemode)
 
     summary.trialing = len(trialing)

@@ -24,6 +24,8 @@ PREFIXES = {
     "subscription": "sub",
     "invoice": "in",
     "line_item": "il",
+    "subscription_item": "si",
+    "invoice_item": "ii",
     "payment_attempt": "pa",
     "ledger_entry": "cbtxn",
     "test_clock": "clock",

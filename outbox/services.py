@@ -39,6 +39,7 @@ EVENT_TYPES = (
     "invoice.payment_action_required",
     "invoice.voided",
     "invoice.marked_uncollectible",
+    "invoiceitem.created",
     "subscription.created",
     "subscription.updated",
     "subscription.past_due",

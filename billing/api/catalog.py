@@ -6,6 +6,8 @@ The JSON of every object comes from :mod:`billing.representations`; the serializ
 
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -15,8 +17,9 @@ from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
-from billing.services import catalog, pausing
+from billing.services import catalog, changes, pausing
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
+from hardcount.errors import InvalidRequestError, business_rule_codes
 
 
 class CustomerListView(ApiView):
@@ -124,7 +127,8 @@ class SubscriptionListView(ApiView):
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
             customer_id=data["customer"],
-            price_id=data["price"],
+            price_id=data.get("price"),
+            items=data.get("items"),
             billing_cycle_anchor=data.get("billing_cycle_anchor"),
             trial_end=data.get("trial_end"),
             trial_period_days=data.get("trial_period_days"),
@@ -141,7 +145,9 @@ class SubscriptionListView(ApiView):
     )
     def get(self, request):
         query = self.read_query()
-        subscriptions = self.filter_by_query(self.scoped(Subscription), query, customer="customer_id", status="status")
+        subscriptions = self.filter_by_query(
+            self.scoped(Subscription).prefetch_related("items__price"), query, customer="customer_id", status="status"
+        )
         if query.get("billing_state"):
             subscriptions = subscriptions.filter(BILLING_STATE_FILTERS[query["billing_state"]])
         return self.paginate(subscriptions, subscription_data, query, kind="subscription")
@@ -161,21 +167,41 @@ class SubscriptionDetailView(ApiView):
     @extend_schema(
         operation_id="subscriptions_update",
         summary="Update a subscription",
-        description="Changes only the fields given. `pause_collection` pauses payment collection (Stripe's "
-        'shape: `behavior` and `resumes_at`) or, as `null` or `""`, resumes it. While paused nothing is '
-        "charged, dunning included; each period that comes due is still invoiced once and advances, its "
-        "invoice settled as `behavior` says. 422 `resumes_at_in_past` for a `resumes_at` not after the "
-        "subscription's current time, `subscription_canceled` for a pause of a canceled subscription.",
+        description="Changes only what is given. `items` adds, removes, re-prices or re-quantifies items, "
+        "prorating the rest of the current period as `proration_behavior` says (docs/reference/billing-changes.md); "
+        "every item keeps the subscription's currency and billing interval. `pause_collection` pauses payment "
+        'collection (Stripe\'s shape: `behavior` and `resumes_at`) or, as `null` or `""`, resumes it. While '
+        "paused nothing is charged, dunning included; each period that comes due is still invoiced once and "
+        "advances, its invoice settled as `behavior` says. A change of items and a pause are separate requests "
+        "(422 `pause_with_items` for both in one body: a change may charge an invoice at once, which a pause "
+        "in the same request would forbid). 422 `resumes_at_in_past` for a `resumes_at` not after the "
+        "subscription's current time; `subscription_canceled` (409 for a change, 422 for a pause) when the "
+        "subscription is canceled.",
         tags=["subscriptions"],
         parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionUpdate,
-        responses={200: s.Subscription},
+        responses={200: s.Subscription, 404: ERROR},
     )
     def post(self, request, id):
         data = self.read_body(s.SubscriptionUpdate)
-        subscription = self.get_scoped(Subscription, id, kind="subscription")
+        self.get_scoped(Subscription, id, kind="subscription")
         if "pause_collection" in data:
-            subscription = self._update_pause_collection(id, data["pause_collection"])
+            if "items" in data:
+                raise InvalidRequestError(
+                    "Send a change of items and a pause of collection as separate requests.",
+                    code="pause_with_items",
+                    param="pause_collection",
+                )
+            return Response(subscription_data(self._update_pause_collection(id, data["pause_collection"])))
+        subscription, _invoice = changes.change_subscription(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=id,
+            items=data.get("items"),
+            proration_behavior=data["proration_behavior"],
+            proration_date=data.get("proration_date"),
+            effective_at=data["effective_at"],
+        )
         return Response(subscription_data(subscription))
 
     def _update_pause_collection(self, subscription_id: str, pause_collection: dict | None) -> Subscription:
@@ -202,8 +228,12 @@ class SubscriptionCancelView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.SubscriptionCancel)
         self.get_scoped(Subscription, id, kind="subscription")
-        subscription = catalog.cancel_subscription(
-            tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, at_period_end=data["at_period_end"]
+        subscription = changes.cancel_subscription(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=id,
+            at_period_end=data["at_period_end"],
+            prorate=data["prorate"],
         )
         return Response(subscription_data(subscription))
 
@@ -239,3 +269,55 @@ class InvoiceDetailView(ApiView):
     )
     def get(self, request, id):
         return Response(invoice_data(self.get_scoped(Invoice.objects.prefetch_related("lines"), id, kind="invoice")))
+
+
+class InvoiceUpcomingView(ApiView):
+    get_query = s.UpcomingInvoiceQuery
+
+    @extend_schema(
+        operation_id="invoices_upcoming",
+        summary="Preview a subscription's next invoice",
+        description="The lines and totals the next invoice would have, optionally after a proposed change "
+        "(`items`, `proration_behavior`, `proration_date`: the same as `POST /v1/subscriptions/{id}`; with "
+        "`always_invoice`, the change's own invoice). Writes nothing. Give the preview's `proration_date` "
+        "to the change to get exactly these prorations.",
+        tags=["invoices"],
+        responses={200: s.UpcomingInvoice, 404: ERROR},
+    )
+    def get(self, request):
+        query = self.read_query()
+        items = None
+        if query.get("items"):
+            items = _proposed_items(query["items"])
+        invoice, lines = changes.preview_upcoming(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=query["subscription"],
+            items=items,
+            proration_behavior=query["proration_behavior"],
+            proration_date=query.get("proration_date"),
+        )
+        data = invoice_data(invoice, lines=lines)
+        data["id"] = None
+        for line in data["lines"]:
+            line["id"] = None
+        return Response(data)
+
+
+# A JSON array inside a query string: its shape is a rule the OpenAPI document states in prose only.
+PROPOSED_ITEMS_CODES = business_rule_codes("items_invalid")
+UPDATE_CODES = business_rule_codes("pause_with_items")
+
+
+def _proposed_items(raw: str) -> list[dict]:
+    """The ``items`` query parameter: a JSON array validated as the update body's ``items``; 422 naming it."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidRequestError("items must be a JSON array.", code="items_invalid", param="items") from exc
+    body = s.SubscriptionUpdate(data={"items": parsed})
+    if not body.is_valid():
+        raise InvalidRequestError(
+            f"items: {body.errors.get('items', body.errors)}", code="items_invalid", param="items"
+        )
+    return body.validated_data["items"]

@@ -7,12 +7,13 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from billing.api import schemas as s
-from billing.models import Customer, Invoice, LedgerEntry, PaymentAttempt
-from billing.representations import invoice_data, ledger_entry_data, payment_attempt_data
+from billing.models import Customer, Invoice, InvoiceItem, LedgerEntry, PaymentAttempt
+from billing.representations import invoice_data, invoice_item_data, ledger_entry_data, payment_attempt_data
 from billing.serializers import Invoice as InvoiceOut
+from billing.services.invoice_items import create_invoice_item
 from billing.services.invoices import pay_invoice, void_invoice
 from billing.services.ledger import grant_credit
-from hardcount.api import ApiView, id_path_parameter, list_of
+from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 
 
 class InvoiceActionView(ApiView):
@@ -125,3 +126,42 @@ class CustomerCreditsView(ApiView):
         customer = self.get_scoped(Customer, id, kind="customer")
         entries = LedgerEntry.objects.filter(customer=customer)
         return self.paginate(entries, ledger_entry_data, query, kind="ledger_entry", cursor_scope=entries)
+
+
+class InvoiceItemListView(ApiView):
+    get_query = s.InvoiceItemListQuery
+
+    @extend_schema(
+        operation_id="invoiceitems_create",
+        summary="Add a pending invoice item",
+        description="A one-off amount (negative: a credit) for the customer's next invoice, or the given "
+        "subscription's next invoice. The invoice that takes it shows it as a line; an item is billed once.",
+        tags=["invoices"],
+        request=s.InvoiceItemCreate,
+        responses={201: s.InvoiceItem, 404: ERROR},
+    )
+    def post(self, request):
+        data = self.read_body(s.InvoiceItemCreate)
+        item = create_invoice_item(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            customer_id=data["customer"],
+            amount=data["amount"],
+            currency=data["currency"],
+            description=data["description"],
+            subscription_id=data.get("subscription"),
+        )
+        return Response(invoice_item_data(item), status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="invoiceitems_list",
+        summary="List invoice items, newest first",
+        tags=["invoices"],
+        responses=list_of(s.InvoiceItem, "InvoiceItemList"),
+    )
+    def get(self, request):
+        query = self.read_query()
+        items = self.filter_by_query(
+            self.scoped(InvoiceItem), query, customer="customer_id", subscription="subscription_id"
+        )
+        return self.paginate(items, invoice_item_data, query, kind="invoice_item")

@@ -6,12 +6,14 @@ Output serializers document the JSON of :mod:`billing.representations` (they nev
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from billing import models as billing_models
 from billing.serializers import CURRENCIES
 from hardcount.api import (
     STARTING_AFTER_HELP,
+    IdField,
     ListQuery,
     QueryIdField,
     StrictCharField,
@@ -28,6 +30,40 @@ from hardcount.money import MAX_AMOUNT
 
 class Empty(StrictSerializer):
     """No fields: the body is ``{}`` (or empty)."""
+
+
+@extend_schema_field({"type": "integer", "minimum": -MAX_AMOUNT, "maximum": MAX_AMOUNT, "not": {"const": 0}})
+class NonZeroAmountField(StrictIntegerField):
+    """Signed minor units from ``-MAX_AMOUNT`` to ``MAX_AMOUNT``, never 0 (documented so in the schema)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value == 0:
+            self.fail("invalid")
+        return value
+
+
+class InvoiceItemCreate(StrictSerializer):
+    customer = IdField("customer", help_text="An id of the caller's tenant and mode; any other id is answered 404.")
+    amount = NonZeroAmountField(
+        min_value=-MAX_AMOUNT,
+        max_value=MAX_AMOUNT,
+        help_text="Signed minor units of `currency`, not 0: negative is a credit on the next invoice.",
+    )
+    currency = StrictChoiceField(choices=CURRENCIES, help_text="The customer's billing currency.")
+    description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+    subscription = IdField(
+        "subscription",
+        required=False,
+        help_text="Bill it on this subscription's next invoice (one of the customer's). Without it, the "
+        "customer's next invoice takes it.",
+    )
+
+
+class InvoiceItemListQuery(ListQuery):
+    starting_after = QueryIdField("invoice_item", help_text=STARTING_AFTER_HELP)
+    customer = QueryIdField("customer", help_text="Only this customer's items.")
+    subscription = QueryIdField("subscription", help_text="Only this subscription's items.")
 
 
 class CreditCreate(StrictSerializer):
@@ -121,10 +157,36 @@ class LedgerEntry(serializers.Serializer):
     amount = serializers.IntegerField(help_text="Signed minor units: + grants credit, − applies it or records a debit.")
     currency = serializers.CharField()
     balance_after = serializers.IntegerField()
-    reason = serializers.ChoiceField(choices=["grant", "applied_to_invoice", "carried_debit", "adjustment"])
+    reason = serializers.ChoiceField(
+        choices=["grant", "applied_to_invoice", "carried_debit", "adjustment", "proration_credit"]
+    )
     description = serializers.CharField(allow_blank=True)
     invoice = serializers.CharField(allow_null=True)
     created = serializers.DateTimeField()
+
+
+class InvoiceItemPeriod(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
+class InvoiceItem(serializers.Serializer):
+    """A pending amount for a customer's next invoice; `invoice` is null until an invoice takes it (once)."""
+
+    id = serializers.CharField()
+    object = object_field("invoiceitem")
+    livemode = serializers.BooleanField()
+    customer = serializers.CharField()
+    subscription = serializers.CharField(allow_null=True)
+    invoice = serializers.CharField(allow_null=True)
+    amount = serializers.IntegerField(help_text="Signed minor units of `currency`: negative is a credit.")
+    currency = serializers.CharField()
+    description = serializers.CharField(allow_blank=True)
+    price = serializers.CharField(allow_null=True)
+    quantity = serializers.IntegerField()
+    proration = serializers.BooleanField(help_text="Made by a subscription change for the time it prorates.")
+    period = InvoiceItemPeriod()
+    date = serializers.DateTimeField()
 
 
 class PaymentAttempt(serializers.Serializer):

@@ -3,6 +3,7 @@
 from billing.models.clocks import TestClock
 from billing.models.customers import Customer, Price
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
+from billing.models.items import InvoiceItem, SubscriptionItem
 from billing.models.ledger import LedgerEntry
 from billing.models.payments import PaymentAttempt
 from billing.models.runs import BillingAttempt, BillingRun
@@ -15,11 +16,13 @@ __all__ = [
     "Customer",
     "Invoice",
     "InvoiceCounter",
+    "InvoiceItem",
     "InvoiceLineItem",
     "LedgerEntry",
     "PaymentAttempt",
     "Price",
     "StripeEvent",
     "Subscription",
+    "SubscriptionItem",
     "TestClock",
 ]

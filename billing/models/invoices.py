@@ -8,7 +8,7 @@ from hardcount.models import Tenant, TenantScoped
 
 
 class Invoice(TenantScoped):
-    """One invoice per (subscription, billing period).
+    """One invoice per (subscription, billing period), plus the invoices of changes invoiced at once.
 
     The partial UNIQUE index ``invoice_one_per_period`` on ``(subscription_id,
     period_start)`` excluding voided invoices is the hard guard against double billing,
@@ -18,6 +18,10 @@ class Invoice(TenantScoped):
     under its PaymentIntent uses ``amount_due``.
     """
 
+    # Why the invoice exists (Stripe's ``billing_reason``): a period of the subscription, or a change
+    # invoiced at once (``proration_behavior=always_invoice``), or none (manual).
+    CYCLE, UPDATE, MANUAL = "subscription_cycle", "subscription_update", "manual"
+    BILLING_REASON_CHOICES = [(s, s) for s in (CYCLE, UPDATE, MANUAL)]
     DRAFT, OPEN, PAID, VOID, UNCOLLECTIBLE = "draft", "open", "paid", "void", "uncollectible"
     STATUS_CHOICES = [(s, s) for s in (DRAFT, OPEN, PAID, VOID, UNCOLLECTIBLE)]
     TAX_NOT_APPLICABLE, TAX_CALCULATED, TAX_PENDING = "not_applicable", "calculated", "pending"
@@ -31,6 +35,10 @@ class Invoice(TenantScoped):
     # Gapless per (tenant, mode), assigned when the invoice is finalised; null while draft.
     number = models.CharField(max_length=32, null=True, blank=True)
     status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=DRAFT)
+    billing_reason = models.CharField(max_length=24, choices=BILLING_REASON_CHOICES, default=CYCLE)
+    # A change invoiced at once: the change's own id (``subscription_update`` invoices), UNIQUE, so one
+    # change makes one invoice however often it is retried.
+    change_key = models.CharField(max_length=80, null=True, blank=True, unique=True)
     currency = models.CharField(max_length=3)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
@@ -57,7 +65,7 @@ class Invoice(TenantScoped):
         constraints = [
             models.UniqueConstraint(
                 fields=["subscription", "period_start"],
-                condition=~models.Q(status="void"),
+                condition=~models.Q(status="void") & models.Q(billing_reason="subscription_cycle"),
                 name="invoice_one_per_period",
             ),
             models.UniqueConstraint(fields=["tenant", "livemode", "number"], name="invoice_number_unique"),
@@ -95,6 +103,16 @@ class InvoiceLineItem(models.Model):
     currency = models.CharField(max_length=3)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
+    # Where the line comes from: a subscription item (its id; items may be deleted later) or a pending
+    # invoice item (UNIQUE: an item is on one line at most, docs/decisions/0142).
+    subscription_item = models.CharField(max_length=40, blank=True, default="")
+    invoice_item = models.OneToOneField(
+        "billing.InvoiceItem", null=True, blank=True, on_delete=models.PROTECT, related_name="line"
+    )
+    proration = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["id"]  # ids are time-ordered: the order the close wrote the lines in
 
 
 class InvoiceCounter(models.Model):

@@ -17,7 +17,9 @@ class LedgerEntry(TenantScoped):
     """
 
     GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT = "grant", "applied_to_invoice", "carried_debit", "adjustment"
-    REASON_CHOICES = [(s, s) for s in (GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT)]
+    # The unused time of a subscription canceled with ``prorate`` (docs/decisions/0141).
+    PRORATION_CREDIT = "proration_credit"
+    REASON_CHOICES = [(s, s) for s in (GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT, PRORATION_CREDIT)]
 
     id = id_field("ledger_entry")
     customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="ledger_entries")

@@ -80,6 +80,11 @@ class Subscription(TenantScoped):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # -- Item changes (docs/decisions/0140, 0141) --------------------------------------
+    # A change with effective_at=period_end: the items the next cycle invoice bills,
+    # ``[{"id": "si_…" or None, "price": "price_…", "quantity": n}]``, applied by the close of that period.
+    scheduled_items = models.JSONField(null=True, blank=True)
+
     class Meta:
         indexes = [
             # The due scan: wall-clock subscriptions, not parked, in a billable status.

@@ -18,7 +18,7 @@ from django.db import transaction
 
 from billing.events import customer_event, price_event, subscription_event
 from billing.lock_objects import customer_qs_select_for_update, subscription_qs_select_for_update
-from billing.models import Customer, Price, Subscription, TestClock
+from billing.models import Customer, Price, Subscription, SubscriptionItem, TestClock
 from billing.periods import INTERVALS, period_start
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
@@ -34,7 +34,13 @@ BUSINESS_RULE_CODES = business_rule_codes(
     "trial_conflict",
     "trial_end_out_of_range",
     "billing_cycle_anchor_out_of_range",
+    "item_mismatch",
+    "item_duplicate_price",
+    "price_or_items",
 )
+
+# Stripe's limit of items per subscription (https://docs.stripe.com/api/subscriptions/create#create_subscription-items).
+MAX_ITEMS = 20
 
 # Longest billing interval accepted: three years, in each interval's unit.
 MAX_INTERVAL_COUNT = {"day": 3 * 366, "week": 3 * 52, "month": 3 * 12, "year": 3}
@@ -169,14 +175,16 @@ def create_subscription(
     tenant_id: str,
     livemode: bool,
     customer_id: str,
-    price_id: str,
+    price_id: str | None = None,
+    items: list[dict] | None = None,
     billing_cycle_anchor: datetime | None = None,
     trial_end: datetime | None = None,
     trial_period_days: int | None = None,
     cancel_at_period_end: bool = False,
     metadata: dict[str, str] | None = None,
 ) -> Subscription:
-    """Subscribe a customer to a price and emit ``subscription.created``.
+    """Subscribe a customer to prices (``items``: ``[{"price": id, "quantity": n}]``; or ``price_id``, one item
+    of quantity 1) and emit ``subscription.created``.
 
     The subscription takes the customer's test clock, if any, and "now" is then the
     clock's time. Billing is in advance
@@ -185,8 +193,10 @@ def create_subscription(
     (``trial_end``, or ``trial_period_days`` from now) the anchor is the trial's end, the
     status ``trialing`` and the current period the trial (decision 0004).
 
-    Rules (each an :class:`InvalidRequestError` naming its param): the price is active;
-    the customer's currency, once set, equals the price's (else it is set now, under the
+    Rules (each an :class:`InvalidRequestError` naming its param): exactly one of ``price_id``
+    and ``items``; every price is active, appears once, and shares the first item's currency
+    and billing interval (``item_mismatch`` naming the item, docs/decisions/0140); the
+    customer's currency, once set, equals the prices' (else it is set now, under the
     customer's row lock); not both ``trial_end`` and ``trial_period_days``; a trial ends
     after now and at most 730 days later; no explicit anchor with a trial; an anchor no
     more than 24 hours before now and no later than one billing interval after now.
@@ -201,9 +211,8 @@ def create_subscription(
             param="customer",
             noun="customer",
         )
-        price = _get(Price.objects, price_id, tenant_id=tenant_id, livemode=livemode, param="price", noun="price")
-        if not price.active:
-            raise InvalidRequestError(f"Price '{price.id}' is not active.", code="price_inactive", param="price")
+        wanted = resolve_items(tenant_id=tenant_id, livemode=livemode, price_id=price_id, items=items)
+        price = wanted[0][0]
         if customer.currency and customer.currency != price.currency:
             raise InvalidRequestError(
                 f"The customer is billed in {customer.currency}; the price is in {price.currency}.",
@@ -243,8 +252,71 @@ def create_subscription(
             cancel_at_period_end=cancel_at_period_end,
             metadata=metadata or {},
         )
+        SubscriptionItem.objects.bulk_create(
+            SubscriptionItem(
+                tenant_id=tenant_id,
+                livemode=livemode,
+                subscription=subscription,
+                price=item_price,
+                quantity=quantity,
+                created_at=now,
+            )
+            for item_price, quantity in wanted
+        )
         subscription_event(subscription, "subscription.created", created_at=now)
     return subscription
+
+
+def resolve_items(
+    *, tenant_id: str, livemode: bool, price_id: str | None, items: list[dict] | None
+) -> list[tuple[Price, int]]:
+    """The ``(price, quantity)`` pairs of a new subscription: ``items`` or the one-item shorthand ``price_id``.
+
+    Raises :class:`InvalidRequestError` (neither or both given, an inactive price, a price given
+    twice, an item whose currency or interval differs from the first's: ``item_mismatch`` naming
+    ``items[i]``) and :class:`NotFoundError` (an unknown price, naming ``items[i][price]``).
+    """
+    if (price_id is None) == (items is None):
+        raise InvalidRequestError("Give price or items, not both.", code="price_or_items", param="items")
+    listed = [{"price": price_id, "quantity": 1}] if items is None else items
+    if not 1 <= len(listed) <= MAX_ITEMS:
+        raise InvalidRequestError(f"items must hold 1 to {MAX_ITEMS} items.", param="items")
+    pairs = []
+    for index, item in enumerate(listed):
+        param = "price" if items is None else f"items[{index}][price]"
+        price = _get(Price.objects, item["price"], tenant_id=tenant_id, livemode=livemode, param=param, noun="price")
+        if not price.active:
+            raise InvalidRequestError(f"Price '{price.id}' is not active.", code="price_inactive", param=param)
+        pairs.append((price, item.get("quantity", 1)))
+    check_items_agree([price for price, _ in pairs])
+    return pairs
+
+
+def check_items_agree(prices: list[Price]) -> None:
+    """Raise :class:`InvalidRequestError` unless ``prices`` (a subscription's items, in order) are distinct and
+    share the first one's currency, ``interval`` and ``interval_count`` (``item_mismatch``, naming ``items[i]``)."""
+    first = prices[0]
+    seen = set()
+    for index, price in enumerate(prices):
+        if price.id in seen:
+            raise InvalidRequestError(
+                f"Price '{price.id}' is on the subscription twice; change its item's quantity instead.",
+                code="item_duplicate_price",
+                param=f"items[{index}]",
+            )
+        seen.add(price.id)
+        if (price.currency, price.interval, price.interval_count) != (
+            first.currency,
+            first.interval,
+            first.interval_count,
+        ):
+            raise InvalidRequestError(
+                f"Item {index} (price '{price.id}', {price.currency} every {price.interval_count} {price.interval}) "
+                f"differs from the subscription's {first.currency} every {first.interval_count} {first.interval}: "
+                "all items share one currency and billing interval.",
+                code="item_mismatch",
+                param=f"items[{index}]",
+            )
 
 
 def _resolve_trial(now: datetime, *, trial_end: datetime | None, trial_period_days: int | None) -> datetime | None:
@@ -340,9 +412,11 @@ __all__ = [
     "MAX_TRIAL_DAYS",
     "billing_now",
     "cancel_subscription",
+    "check_items_agree",
     "create_customer",
     "create_price",
     "create_subscription",
     "database_now",
+    "resolve_items",
     "validate_price_terms",
 ]

@@ -26,10 +26,20 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
 from billing.lock_objects import customer_locked, invoice_qs_select_for_update, subscription_qs_select_for_update
-from billing.models import BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.models import (
+    BillingRun,
+    Customer,
+    Invoice,
+    InvoiceLineItem,
+    PaymentAttempt,
+    Subscription,
+    SubscriptionItem,
+)
 from billing.periods import period_bounds
 from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
+from billing.services.items import apply_scheduled_locked
 from billing.services.ledger import apply_balance_locked
+from billing.services.lines import items_by_subscription, period_lines, sweep_pending_locked
 from billing.services.payments import (
     ChargePlan,
     Outcome,
@@ -252,6 +262,8 @@ def _prepare(
             )
         if sub.cancel_at_period_end:
             return _cancel_at_period_end_locked(sub, run, now)
+        if sub.scheduled_items and apply_scheduled_locked(sub, now):
+            sub = Subscription.objects.select_related("price").get(pk=subscription_id)
 
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
@@ -263,7 +275,7 @@ def _prepare(
         else:
             invoice = (
                 invoice_qs_select_for_update()
-                .filter(subscription_id=sub.id, period_start=start)
+                .filter(subscription_id=sub.id, period_start=start, billing_reason=Invoice.CYCLE)
                 .exclude(status=Invoice.VOID)
                 .order_by("created_at", "id")
                 .first()
@@ -315,61 +327,58 @@ def _prepare(
 
 
 def _materialise(
-    sub: Subscription, start: datetime, end: datetime, now: datetime
+    sub: Subscription, start: datetime, end: datetime, now: datetime, *, sweep: bool = True
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
-    """Insert the period's draft invoice and its line unless one exists; the new invoice and its lines, or None."""
-    invoice, line = new_draft_invoice(sub, start, end, now)
+    """Insert the period's draft invoice and its lines unless one exists; the new invoice and its lines, or None.
+
+    The lines are one per subscription item, then (``sweep``) one per pending invoice item swept in
+    (:func:`billing.services.lines.sweep_pending_locked`). An invoice that will never be collected
+    (a paused period's) passes ``sweep=False``: its pending items stay pending for the next one.
+    """
+    items = items_by_subscription([sub.id])[sub.id]
+    invoice, lines = new_draft_invoice(sub, start, end, now, items)
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
         return None
     invoice._state.adding = False
     invoice._state.db = connection.alias
-    line.save(force_insert=True)
-    invoice_event(invoice, "invoice.created", lines=[line], created_at=now)
-    return invoice, [line]
+    InvoiceLineItem.objects.bulk_create(lines)
+    swept = sweep_pending_locked(invoice, sub) if sweep else []
+    if swept:
+        lines += swept
+        invoice.save(update_fields=["subtotal", "total", "amount_due"])
+    invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
+    return invoice, lines
 
 
 def new_draft_invoice(
-    sub: Subscription, start: datetime, end: datetime, now: datetime
-) -> tuple[Invoice, InvoiceLineItem]:
-    """The unsaved draft invoice of ``sub``'s period ``[start, end)`` and its one line (the price, quantity 1).
+    sub: Subscription, start: datetime, end: datetime, now: datetime, items: list[SubscriptionItem]
+) -> tuple[Invoice, list[InvoiceLineItem]]:
+    """The unsaved draft invoice of ``sub``'s period ``[start, end)`` and its lines, one per item of ``items``.
 
-    ``subtotal = total = amount_due`` = the price's amount in its currency (minor units);
-    ``created_at`` = ``now``, the billing time. ``sub.price`` must be loaded.
+    ``subtotal = total = amount_due`` = the sum of ``quantity × price.amount`` over the items, in the
+    subscription's currency (every item's; minor units); ``created_at`` = ``now``, the billing time.
+    ``sub.price`` must be loaded.
     """
-    price = sub.price
+    lines = period_lines(sub, items, start, end)
+    amount = sum(line.amount for line in lines)
     invoice = Invoice(
         tenant_id=sub.tenant_id,
         livemode=sub.livemode,
         customer_id=sub.customer_id,
         subscription_id=sub.id,
         status=Invoice.DRAFT,
-        currency=price.currency,
+        currency=sub.price.currency,
         period_start=start,
         period_end=end,
-        subtotal=price.amount,
-        total=price.amount,
-        amount_due=price.amount,
+        subtotal=amount,
+        total=amount,
+        amount_due=amount,
         created_at=now,
     )
-    line = InvoiceLineItem(
-        invoice_id=invoice.id,
-        description=_line_description(sub),
-        price_id=price.id,
-        quantity=1,
-        amount=price.amount,
-        currency=price.currency,
-        period_start=start,
-        period_end=end,
-    )
-    return invoice, line
-
-
-def _line_description(sub: Subscription) -> str:
-    price = sub.price
-    unit = price.interval if price.interval_count == 1 else f"{price.interval_count} {price.interval}s"
-    name = price.nickname or "Subscription"
-    return f"{name} (every {unit})" if price.interval_count != 1 else f"{name} (per {unit})"
+    for line in lines:
+        line.invoice_id = invoice.id
+    return invoice, lines
 
 
 def finalize_or_pend_locked(
@@ -404,7 +413,12 @@ def finalize_or_pend_locked(
 
 
 def tax_quote(invoice: Invoice) -> TaxQuote | None:
-    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged)."""
+    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged).
+
+    A negative subtotal (credits larger than the charges) is not taxed: nothing is charged on it.
+    """
+    if invoice.subtotal < 0:
+        return TaxQuote(rate_bps=0, amount=0, applicable=False)
     try:
         return get_tax_provider().calculate(
             TaxableInvoice(

@@ -82,7 +82,11 @@ def set_balance_applied(customer: Customer, invoice: Invoice) -> int:
     :func:`record_balance_applied_locked` in the same transaction, or discard the invoice.
     """
     applied = 0
-    if customer.credit_balance and customer.currency == invoice.currency:
+    if invoice.total < 0:
+        # Credits (a downgrade's prorations) larger than the charges: nothing is due and the rest goes to the
+        # customer's balance, as Stripe does (https://docs.stripe.com/billing/customer/balance).
+        applied = invoice.total
+    elif customer.credit_balance and customer.currency == invoice.currency:
         applied = (
             min(customer.credit_balance, invoice.total) if customer.credit_balance > 0 else customer.credit_balance
         )
@@ -104,7 +108,14 @@ def record_balance_applied_locked(customer: Customer, invoice: Invoice, *, at: d
         reason=LedgerEntry.APPLIED,
         at=at,
         invoice=invoice,
-        description=("credit applied to " if applied > 0 else "balance owed added to ") + invoice.id,
+        description=(
+            "credit applied to "
+            if applied > 0
+            else "negative total credited to the balance from "
+            if invoice.total < 0
+            else "balance owed added to "
+        )
+        + invoice.id,
     )
 
 
@@ -133,6 +144,14 @@ def return_credit_locked(customer: Customer, invoice: Invoice, *, at: datetime) 
         at=at,
         invoice=invoice,
         description=f"balance returned from voided invoice {invoice.id}",
+    )
+
+
+def credit_proration_locked(customer: Customer, *, amount: int, currency: str, at: datetime, description: str):
+    """Credit ``amount`` (> 0) minor units of unused subscription time to the balance (customer row locked),
+    reason ``proration_credit``."""
+    return _append_locked(
+        customer, amount=amount, currency=currency, reason=LedgerEntry.PRORATION_CREDIT, at=at, description=description
     )
 
 

@@ -12,7 +12,8 @@ a page at a time:
 
 1. :func:`prepare_page`, one transaction: lock the page's subscriptions still due for the claimed
    period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
-   finalise every plain close's invoice with its line, take the tenant's gapless numbers in one
+   finalise every plain close's invoice with its lines (one per subscription item, read for the
+   whole page in one query), take the tenant's gapless numbers in one
    counter update, reserve each first payment attempt, and emit ``invoice.created`` and
    ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
@@ -21,8 +22,9 @@ a page at a time:
    mark its invoice paid, advance its period, and emit ``invoice.paid`` and ``subscription.updated``.
 
 Everything else goes back to the drain to close one by one with the full rules: a subscription
-that is not plain (cancelling at period end, ``past_due``, an invoice already there, tax pending,
-nothing or too little to charge, no payment method) and every charge that did
+that is not plain (cancelling at period end, a change scheduled, pending invoice items of its
+customer, ``past_due``, an invoice already there, tax pending, nothing or too little to charge, no
+payment method) and every charge that did
 not succeed (a decline starts dunning; a failure goes on the retry ladder). A database error in
 either transaction rolls that page's batch back whole and hands every close in it to the same
 per-close path, so a page close is never less safe than the closes it replaces; the unique index
@@ -52,6 +54,7 @@ from billing.queries import due_condition, next_invoice_number
 from billing.representations import invoice_data
 from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
 from billing.services.ledger import record_balance_applied_locked, set_balance_applied
+from billing.services.lines import customers_with_pending, items_by_subscription
 from billing.services.payments import (
     ATTEMPT_RESULT_FIELDS,
     PAID_FIELDS,
@@ -125,43 +128,50 @@ def prepare_page(
         attempted_at = attempt_time(now, test_clock_id=test_clock_id, as_of=as_of)
         bounds = {}
         for sub in subs:
-            if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end:
+            if sub.status in PLAIN_STATUSES and not sub.cancel_at_period_end and not sub.scheduled_items:
                 price = sub.price
                 bounds[sub.id] = period_bounds(
                     sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed
                 )
         taken = _periods_invoiced(bounds)
-        plain = [sub for sub in subs if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken]
+        # A customer with pending invoice items is swept by the per-close path, under its items' locks.
+        pending = customers_with_pending({sub.customer_id for sub in subs if sub.id in bounds})
+        plain = [
+            sub
+            for sub in subs
+            if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken and sub.customer_id not in pending
+        ]
+        sub_items = items_by_subscription(sub.id for sub in plain)
         customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
         drafts = []
         for sub in plain:
             customer = customers[sub.customer_id]
             if not customer.default_payment_method:
                 continue
-            invoice, line = new_draft_invoice(sub, *bounds[sub.id], now)
+            invoice, sub_lines = new_draft_invoice(sub, *bounds[sub.id], now, sub_items[sub.id])
             quote = tax_quote(invoice)
             if quote is None:
                 continue
-            created = invoice_data(invoice, lines=[line])
+            created = invoice_data(invoice, lines=sub_lines)
             apply_tax(invoice, quote)
             set_balance_applied(customer, invoice)
             if needs_no_charge(invoice):
                 continue
             record_balance_applied_locked(customer, invoice, at=now)
-            drafts.append((sub, customer, invoice, line, created))
+            drafts.append((sub, customer, invoice, sub_lines, created))
 
         prepared = []
         numbers = _take_numbers(drafts)
         invoices, lines, attempts = [], [], []
-        for (sub, customer, invoice, line, created), number in zip(drafts, numbers, strict=True):
+        for (sub, customer, invoice, sub_lines, created), number in zip(drafts, numbers, strict=True):
             mark_finalized(invoice, number=number, now=now)
             emit_for(invoice, "invoice.created", created, created_at=now)
-            invoice_event(invoice, "invoice.finalized", lines=[line], created_at=now)
+            invoice_event(invoice, "invoice.finalized", lines=sub_lines, created_at=now)
             attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
             invoices.append(invoice)
-            lines.append(line)
+            lines.extend(sub_lines)
             attempts.append(attempt)
-            prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), [line]))
+            prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), sub_lines))
         if test_clock_id:
             held = take_charge_locks([invoice.id for invoice in invoices])
             if held:  # fresh ids: only a hash collision with another invoice's charge
@@ -195,7 +205,11 @@ def _periods_invoiced(bounds: dict[str, tuple[datetime, datetime]]) -> set[tuple
     if not bounds:
         return set()
     return set(
-        Invoice.objects.filter(subscription_id__in=list(bounds), period_start__in={b[0] for b in bounds.values()})
+        Invoice.objects.filter(
+            subscription_id__in=list(bounds),
+            period_start__in={b[0] for b in bounds.values()},
+            billing_reason=Invoice.CYCLE,
+        )
         .exclude(status=Invoice.VOID)
         .values_list("subscription_id", "period_start")
     )
@@ -245,7 +259,8 @@ def record_page(
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
         subs = locked_by_id(
-            subscription_qs_select_for_update().select_related("price"), [p.plan.subscription_id for p, _ in succeeded]
+            subscription_qs_select_for_update().select_related("price").prefetch_related("items__price"),
+            [p.plan.subscription_id for p, _ in succeeded],
         )
         invoices = locked_by_id(invoice_qs_select_for_update(), [p.plan.invoice_id for p, _ in succeeded])
         attempts = locked_by_id(payment_attempt_qs_select_for_update(), [p.plan.attempt_id for p, _ in succeeded])

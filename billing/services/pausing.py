@@ -222,7 +222,7 @@ def _invoice_paused_period(
             return None
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted = _materialise(sub, start, end, now)
+        inserted = _materialise(sub, start, end, now, sweep=False)
         if inserted is not None:
             _apply_behavior(inserted[0], PauseBehavior(sub.pause_collection_behavior), now=now)
             invoice = inserted[0]

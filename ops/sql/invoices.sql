@@ -3,12 +3,13 @@
 -- database returns none. ops/doctor.py runs them in file order (docs/decisions/0060, 0121).
 
 -- name: invoice_one_per_period
--- At most one non-void invoice per (subscription, billing period) (docs/reference/domain.md, docs/reference/guarantees.md).
+-- At most one non-void invoice per (subscription, billing period) (docs/reference/domain.md, docs/reference/guarantees.md);
+-- a change invoiced at once (billing_reason subscription_update) is not a period's invoice.
 SELECT subscription_id AS ref,
        count(*) || ' non-void invoices for the period starting ' || period_start
        || ' (' || string_agg(id, ', ' ORDER BY id) || ')' AS detail
 FROM billing_invoice
-WHERE status <> 'void' AND subscription_id IS NOT NULL
+WHERE status <> 'void' AND subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
 GROUP BY subscription_id, period_start
 HAVING count(*) > 1;
 
@@ -21,7 +22,7 @@ FROM (SELECT id, period_start, period_end,
              lag(id) OVER w AS prev_id, lag(period_start) OVER w AS prev_start,
              lag(period_end) OVER w AS prev_end
       FROM billing_invoice
-      WHERE status <> 'void' AND subscription_id IS NOT NULL
+      WHERE status <> 'void' AND subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
       WINDOW w AS (PARTITION BY subscription_id ORDER BY period_start, id)) x
 WHERE prev_end > period_start AND prev_start <> period_start;
 
@@ -34,7 +35,7 @@ SELECT subscription_id AS ref,
 FROM (SELECT subscription_id, period_start,
              lag(period_end) OVER (PARTITION BY subscription_id ORDER BY period_start, period_end) AS prev_end
       FROM (SELECT DISTINCT subscription_id, period_start, period_end
-            FROM billing_invoice WHERE subscription_id IS NOT NULL) periods) x
+            FROM billing_invoice WHERE subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle') periods) x
 WHERE prev_end < period_start;
 
 -- name: subscription_next_billing_at_last_period_end
@@ -45,12 +46,12 @@ WHERE prev_end < period_start;
 -- advance a period.
 WITH last AS (
     SELECT DISTINCT ON (subscription_id) subscription_id, period_start, period_end
-    FROM billing_invoice WHERE subscription_id IS NOT NULL
+    FROM billing_invoice WHERE subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
     ORDER BY subscription_id, period_end DESC
 ), advanced AS (
     SELECT DISTINCT i.subscription_id, i.period_start
     FROM billing_invoice i
-    WHERE i.subscription_id IS NOT NULL
+    WHERE i.subscription_id IS NOT NULL AND i.billing_reason = 'subscription_cycle'
       AND (i.status IN ('paid', 'uncollectible')
            OR (i.status = 'draft' AND i.tax_status = 'pending')
            OR EXISTS (SELECT 1 FROM billing_paymentattempt a
@@ -87,7 +88,8 @@ WHERE s.next_billing_at IS NOT NULL
 
 -- name: invoice_period_on_billing_cycle
 -- Every invoice period is one period of its subscription's cycle: [anchor + n × interval, anchor + (n+1) ×
--- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md).
+-- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md); a
+-- change invoiced at once bills the rest of a period from the change.
 SELECT i.id AS ref,
        'period [' || i.period_start || ', ' || i.period_end || ') is not a period of '
        || p.interval_count || ' ' || p.interval || ' anchored at ' || s.billing_cycle_anchor AS detail
@@ -104,7 +106,8 @@ CROSS JOIN LATERAL (
                  / CASE p.interval WHEN 'day' THEN 1 WHEN 'week' THEN 7 WHEN 'month' THEN 30.436875
                                    ELSE 365.2425 END)::int AS from_trial_end
 ) n
-WHERE NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
+WHERE i.billing_reason = 'subscription_cycle'
+  AND NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
            AND i.period_start = s.billing_cycle_anchor + make_interval(
                years => CASE p.interval WHEN 'year' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
                months => CASE p.interval WHEN 'month' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
@@ -129,8 +132,8 @@ WHERE NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
                   false);
 
 -- name: invoice_lines_match_invoice
--- Every invoice has line items; each line bills the invoice's period, and a price line is quantity × the price's
--- amount.
+-- Every invoice has line items; each line of a subscription item bills the invoice's period, and a price line that
+-- is not a proration is quantity × the price's amount (a pending invoice item's line keeps the item's own period).
 SELECT i.id AS ref, 'has no line items' AS detail
 FROM billing_invoice i
 WHERE NOT EXISTS (SELECT 1 FROM billing_invoicelineitem l WHERE l.invoice_id = i.id)
@@ -138,12 +141,12 @@ UNION ALL
 SELECT l.invoice_id, 'line ' || l.id || ' bills [' || l.period_start || ', ' || l.period_end
        || ') but the invoice period is [' || i.period_start || ', ' || i.period_end || ')'
 FROM billing_invoicelineitem l JOIN billing_invoice i ON i.id = l.invoice_id
-WHERE l.period_start <> i.period_start OR l.period_end <> i.period_end
+WHERE l.invoice_item_id IS NULL AND (l.period_start <> i.period_start OR l.period_end <> i.period_end)
 UNION ALL
 SELECT l.invoice_id, 'line ' || l.id || ' amount ' || l.amount || ' is not ' || l.quantity || ' × '
        || p.amount
 FROM billing_invoicelineitem l JOIN billing_price p ON p.id = l.price_id
-WHERE l.amount <> l.quantity * p.amount;
+WHERE NOT l.proration AND l.amount <> l.quantity * p.amount;
 
 -- name: invoice_subtotal_equals_lines
 -- An invoice's subtotal is the sum of its line items.
@@ -168,17 +171,22 @@ FROM billing_invoice
 WHERE amount_due <> total - credit_applied OR amount_due < 0;
 
 -- name: money_amounts_nonnegative
--- Prices, line items, invoice amounts and charges are never negative; an invoice is never paid more than its
--- amount_due.
+-- Prices, line items, invoice amounts and charges are never negative, except the lines of pending invoice items
+-- (a credit) and the subtotal and total of an invoice they make negative, whose amount_due is then 0 (the rest goes to
+-- the customer's balance); an invoice is never paid more than its amount_due.
 SELECT id AS ref, 'negative amount (subtotal ' || subtotal || ', tax ' || tax || ', total ' || total
        || ', amount_paid ' || amount_paid || ')' AS detail
 FROM billing_invoice
-WHERE subtotal < 0 OR tax < 0 OR total < 0 OR amount_paid < 0
+WHERE tax < 0 OR amount_paid < 0
+   OR ((subtotal < 0 OR total < 0)
+       AND NOT (amount_due = 0 AND EXISTS (SELECT 1 FROM billing_invoicelineitem l
+                                           WHERE l.invoice_id = billing_invoice.id AND l.amount < 0
+                                             AND l.invoice_item_id IS NOT NULL)))
 UNION ALL
 SELECT id, 'amount_paid ' || amount_paid || ' exceeds amount_due ' || amount_due
 FROM billing_invoice WHERE amount_paid > amount_due
 UNION ALL
-SELECT id, 'negative line amount ' || amount FROM billing_invoicelineitem WHERE amount < 0
+SELECT id, 'negative line amount ' || amount FROM billing_invoicelineitem WHERE amount < 0 AND invoice_item_id IS NULL
 UNION ALL
 SELECT id, 'negative price amount ' || amount FROM billing_price WHERE amount < 0
 UNION ALL

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from billing.models import StripeEvent, TestClock
 from billing.services.drain import drain_due
+from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
 from hardcount import audit, ratelimit
@@ -28,6 +29,9 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     book.subscribed(tenant, card=DECLINING_CARD)
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
+    create_invoice_item(
+        tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"
+    )
     delivery = Delivery.objects.first()
     DeliveryAttempt.objects.create(delivery=delivery, number=1, outcome="retryable", status_code=503, error="503")
     now = timezone.now()

@@ -172,10 +172,12 @@ class Book:
             tenant=tenant, livemode=livemode, amount=amount, currency=currency, interval=interval, interval_count=1
         )
 
-    def subscription(self, customer, price, *, anchor: datetime | None = None, status: str = "active"):
+    def subscription(
+        self, customer, price, *, anchor: datetime | None = None, status: str = "active", quantity: int = 1
+    ):
         from django.db import transaction
 
-        from billing.models import Subscription
+        from billing.models import Subscription, SubscriptionItem
         from billing.representations import subscription_data
         from hardcount.times import database_now
         from outbox.services import emit_event
@@ -192,6 +194,9 @@ class Book:
                 billing_cycle_anchor=anchor,
                 next_billing_at=anchor,
                 test_clock=customer.test_clock,
+            )
+            SubscriptionItem.objects.create(
+                tenant_id=sub.tenant_id, livemode=sub.livemode, subscription=sub, price=price, quantity=quantity
             )
             emit_event(
                 tenant_id=sub.tenant_id,

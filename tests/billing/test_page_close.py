@@ -25,6 +25,7 @@ from billing.models import (
     PaymentAttempt,
     Price,
     Subscription,
+    SubscriptionItem,
 )
 from billing.services import page as page_module
 from billing.services.drain import drain_due
@@ -87,6 +88,8 @@ class _Names:
             WebhookEndpoint.objects.filter(tenant_id=tenant_id).order_by("id").values_list("id", flat=True)
         ):
             self.names[pk] = f"endpoint{n}"
+        for item in SubscriptionItem.objects.filter(tenant_id=tenant_id).order_by("id"):
+            self.names[item.id] = f"item[{self.names[item.subscription_id]}/{self.names[item.price_id]}]"
         for invoice in Invoice.objects.filter(tenant_id=tenant_id).only("id", "subscription_id", "period_start"):
             self.names[invoice.id] = (
                 f"invoice[{self.names[invoice.subscription_id]}@{invoice.period_start.isoformat()}]"

@@ -366,3 +366,36 @@ def test_the_reconciler_leaves_a_tax_pending_draft_of_a_paused_subscription_unti
     draft.refresh_from_db()
     assert draft.status == Invoice.PAID  # finalised and charged once collection runs again
     assert len(stripe_proxy.entries(CHARGES, "forwarded")) == 1
+
+
+@pytest.mark.parametrize("behavior", sorted(EXPECTED))
+def test_a_pending_invoice_item_waits_out_the_pause_for_the_first_invoice_that_is_collected(
+    book, tenant, stripe_proxy, behavior
+):
+    from billing.models import InvoiceItem
+    from billing.services.invoice_items import create_invoice_item
+
+    clock = make_clock(tenant, START)
+    sub = subscribe(book, clock)
+    clock = advance(clock, START + DAY)  # January: billed and charged
+    _pause(sub, behavior)
+    item = create_invoice_item(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        amount=250,
+        currency="usd",
+        description="Setup fee",
+        subscription_id=sub.id,
+    )
+
+    clock = advance(clock, datetime(2027, 2, 15, tzinfo=UTC))  # February comes due while paused
+    item.refresh_from_db()
+    assert item.invoice_id is None  # an invoice that is never collected does not take it
+
+    _resume(sub)
+    advance(clock, datetime(2027, 3, 2, tzinfo=UTC))
+    *_, march = _invoices(sub)
+    item.refresh_from_db()
+    assert (item.invoice_id, march.status, march.amount_paid) == (march.id, "paid", 1000 + 250)
+    assert InvoiceItem.objects.filter(pk=item.pk, invoice__isnull=False).count() == 1

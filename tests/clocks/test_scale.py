@@ -16,7 +16,7 @@ from dateutil.relativedelta import relativedelta
 from django.db import transaction
 from django.db.models import Count
 
-from billing.models import Customer, Invoice, Price, Subscription
+from billing.models import Customer, Invoice, Price, Subscription, SubscriptionItem
 from billing.representations import customer_data, subscription_data
 from outbox.services import emit_event
 from tests.clocks.helpers import advance, make_clock
@@ -61,6 +61,9 @@ def test_advance_over_24_monthly_periods_of_1000_subscriptions_bills_each_period
                 test_clock=clock,
             )
             for customer in customers
+        )
+        SubscriptionItem.objects.bulk_create(
+            SubscriptionItem(tenant=tenant, livemode=False, subscription=sub, price=price) for sub in subscriptions
         )
         for customer, subscription in zip(customers, subscriptions, strict=True):
             emit_event(

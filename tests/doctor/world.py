@@ -29,6 +29,7 @@ from billing.models import (
     PaymentAttempt,
     Price,
     Subscription,
+    SubscriptionItem,
     TestClock,
 )
 from billing.periods import period_bounds
@@ -114,6 +115,7 @@ class Book:
             test_clock=customer.test_clock,
             **fields,
         )
+        SubscriptionItem.objects.create(tenant=self.tenant, livemode=self.livemode, subscription=s, price=price)
         self.event("subscription.created", subscription_data(s), clock_time(customer))
         return s
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from billing.models import StripeEvent, TestClock
 from billing.services.drain import drain_due
+from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
 from dunning.models import DunningSettings
 from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
@@ -50,6 +51,9 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
     book.subscribed(tenant, card=DECLINING_CARD)
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
+    create_invoice_item(
+        tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"
+    )
     delivery = Delivery.objects.first()
     DeliveryAttempt.objects.create(delivery=delivery, number=1, outcome="retryable", status_code=503, error="503")
     now = timezone.now()

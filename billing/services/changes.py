@@ -1,0 +1,545 @@
+"""Changing a subscription's items: add, remove, re-price or re-quantify, with Stripe's proration behaviours.
+
+``POST /v1/subscriptions/{id}`` with ``items`` follows Stripe's "Change subscription price" and
+"Prorations" (https://docs.stripe.com/billing/subscriptions/change-price,
+https://docs.stripe.com/billing/subscriptions/prorations):
+
+- ``create_prorations`` (default): a credit line for the unused time of what is removed or
+  reduced, a charge line for the remaining time of what is added, as pending invoice items of the
+  subscription, billed by its next invoice;
+- ``always_invoice``: the same lines on an invoice of their own (``billing_reason``
+  ``subscription_update``), finalised and charged at once through the per-invoice charge path of
+  ``POST /v1/invoices/{id}/pay``; its ``change_key`` (UNIQUE) is derived from the change, so one
+  change makes one invoice;
+- ``none``: the new items apply from now, nothing is prorated.
+
+The prorated period is the billing period containing the change's instant, and only once it has
+been invoiced: before the first invoice (or in a trial) the next invoice bills the new items whole.
+A change locks the subscription ``FOR UPDATE`` (first in the lock order of
+:mod:`billing.lock_objects`) and re-reads it, so a close of the same subscription runs wholly before
+or after it. docs/decisions/0140, 0141, 0142.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.db import connection, transaction
+
+from billing.events import invoice_event, ledger_entry_event
+from billing.lock_objects import customer_locked, subscription_qs_select_for_update
+from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
+from billing.periods import period_bounds
+from billing.queries import materialise_invoice
+from billing.representations import scheduled_change_data, subscription_data, subscription_item_data
+from billing.services.catalog import billing_now, check_items_agree
+from billing.services.catalog import cancel_subscription as catalog_cancel
+from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
+from billing.services.invoices import pay_invoice
+from billing.services.items import ItemAfter, scheduled_items, write_items_locked
+from billing.services.ledger import credit_proration_locked, set_balance_applied
+from billing.services.lines import item_line, pending_for, period_description
+from billing.services.proration import prorate, remaining_share, whole_seconds
+from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
+from outbox.services import emit_for
+
+CREATE_PRORATIONS, ALWAYS_INVOICE, NONE = "create_prorations", "always_invoice", "none"
+PRORATION_BEHAVIORS = (CREATE_PRORATIONS, ALWAYS_INVOICE, NONE)
+
+BUSINESS_RULE_CODES = business_rule_codes(
+    "item_mismatch", "item_duplicate_price", "items_empty", "proration_date_out_of_range", "prorate_conflict"
+)
+
+
+@dataclass
+class ProrationLine:
+    """One proration: signed ``amount`` minor units for ``quantity × price`` over ``[period_start, period_end)``."""
+
+    description: str
+    price: Price
+    quantity: int
+    amount: int
+    period_start: datetime
+    period_end: datetime
+
+
+@dataclass
+class ChangePlan:
+    """What a change does, computed without writing: the items before and after, the prorated period (None:
+    nothing to prorate) and the proration lines, at instant ``at`` (whole seconds)."""
+
+    subscription: Subscription
+    at: datetime
+    before: list[SubscriptionItem]
+    after: list[ItemAfter]
+    period: tuple[datetime, datetime] | None
+    prorations: list[ProrationLine] = field(default_factory=list)
+
+
+def _day(at: datetime) -> str:
+    return f"{at:%b} {at.day}, {at.year}"
+
+
+def invoiced_period(sub: Subscription, at: datetime) -> tuple[datetime, datetime] | None:
+    """The billing period of ``sub`` that contains ``at`` if it has been invoiced (a non-void cycle invoice), else None.
+
+    Billing is in advance, so that invoice has billed the period's items already: a change inside it
+    is prorated over it. Before the anchor (a trial) or in a period not yet invoiced there is none.
+    """
+    price = sub.price
+    if at < sub.billing_cycle_anchor:
+        return None
+    n = max(sub.periods_billed - 1, 0)
+    while True:
+        start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, n)
+        if at < end:
+            break
+        n += 1
+        if n > sub.periods_billed:
+            return None
+    invoiced = (
+        Invoice.objects.filter(subscription_id=sub.id, period_start=start, billing_reason=Invoice.CYCLE)
+        .exclude(status=Invoice.VOID)
+        .exists()
+    )
+    return (start, end) if invoiced else None
+
+
+def _resolve(sub: Subscription, before: list[SubscriptionItem], requested: list[dict]) -> list[ItemAfter]:
+    """The items after applying ``requested`` (Stripe's ``items`` of an update) to ``before``."""
+    by_id = {item.id: item for item in before}
+    changes: dict[str, dict] = {}
+    added: list[tuple[int, dict]] = []
+    for index, entry in enumerate(requested):
+        item_id = entry.get("id")
+        if item_id is None:
+            if entry.get("deleted"):
+                raise InvalidRequestError(
+                    "deleted needs the id of the item to remove.", code="parameter_missing", param=f"items[{index}][id]"
+                )
+            if not entry.get("price"):
+                raise InvalidRequestError(
+                    "A new item needs a price.", code="parameter_missing", param=f"items[{index}][price]"
+                )
+            added.append((index, entry))
+            continue
+        if item_id not in by_id:
+            raise NotFoundError(f"No such item of this subscription: '{item_id}'.", param=f"items[{index}][id]")
+        if item_id in changes:
+            raise InvalidRequestError(
+                f"Item '{item_id}' is given twice.", code="item_duplicate_price", param=f"items[{index}][id]"
+            )
+        changes[item_id] = {**entry, "index": index}
+
+    prices = _prices(sub, [e["price"] for e in changes.values() if e.get("price")] + [e["price"] for _, e in added])
+    after, origin = [], []
+    for item in before:
+        entry = changes.get(item.id)
+        if entry is None:
+            after.append(ItemAfter(item.id, item.price, item.quantity))
+            origin.append(None)
+        elif not entry.get("deleted"):
+            price = prices[entry["price"]] if entry.get("price") else item.price
+            after.append(ItemAfter(item.id, price, entry.get("quantity") or item.quantity))
+            origin.append(entry["index"])
+    for index, entry in added:
+        after.append(ItemAfter(None, prices[entry["price"]], entry.get("quantity") or 1))
+        origin.append(index)
+    if not after:
+        raise InvalidRequestError(
+            "A subscription keeps one item at least; cancel it instead.", code="items_empty", param="items"
+        )
+    _check_terms(sub, after, origin)
+    return after
+
+
+def _prices(sub: Subscription, ids: list[str]) -> dict[str, Price]:
+    found = {p.id: p for p in Price.objects.filter(tenant_id=sub.tenant_id, livemode=sub.livemode, pk__in=ids)}
+    for price_id in ids:
+        if price_id not in found:
+            raise NotFoundError(f"No such price: '{price_id}'.", param="items")
+        if not found[price_id].active:
+            raise InvalidRequestError(f"Price '{price_id}' is not active.", code="price_inactive", param="items")
+    return found
+
+
+def _check_terms(sub: Subscription, after: list[ItemAfter], origin: list[int | None]) -> None:
+    """Every item keeps the subscription's currency and interval, prices distinct (naming the request's item)."""
+    current = sub.price
+    for item, index in zip(after, origin, strict=True):
+        price = item.price
+        if (price.currency, price.interval, price.interval_count) != (
+            current.currency,
+            current.interval,
+            current.interval_count,
+        ):
+            raise InvalidRequestError(
+                f"Item {index} (price '{price.id}', {price.currency} every {price.interval_count} {price.interval}) "
+                f"differs from the subscription's {current.currency} every {current.interval_count} "
+                f"{current.interval}: all items share one currency and billing interval.",
+                code="item_mismatch",
+                param=f"items[{index}]",
+            )
+    try:
+        check_items_agree([item.price for item in after])
+    except InvalidRequestError as exc:
+        position = int(exc.param.strip("items[]"))
+        exc.param = f"items[{origin[position]}]" if origin[position] is not None else "items"
+        raise
+
+
+def _prorations(plan: ChangePlan) -> list[ProrationLine]:
+    """Credit the unused time of every item removed or changed, charge the remaining time of every item added or
+    changed (each line rounded once, :func:`billing.services.proration.prorate`)."""
+    if plan.period is None:
+        return []
+    start, end = plan.period
+    remaining_s, period_s = remaining_share(start, end, plan.at)
+    if remaining_s == 0:
+        return []
+    after_by_id = {item.id: item for item in plan.after if item.id}
+    lines = []
+
+    def line(words: str, price: Price, quantity: int, sign: int) -> None:
+        amount = prorate(sign * quantity * price.amount, remaining_s, period_s)
+        name = price.nickname or "Subscription"
+        lines.append(
+            ProrationLine(f"{words} {quantity} × {name} after {_day(plan.at)}", price, quantity, amount, plan.at, end)
+        )
+
+    for item in plan.before:
+        kept = after_by_id.get(item.id)
+        if kept is not None and (kept.price.id, kept.quantity) == (item.price_id, item.quantity):
+            continue
+        line("Unused time on", item.price, item.quantity, -1)
+        if kept is not None:
+            line("Remaining time on", kept.price, kept.quantity, 1)
+    for item in plan.after:
+        if item.id is None:
+            line("Remaining time on", item.price, item.quantity, 1)
+    return lines
+
+
+def plan_change(
+    sub: Subscription,
+    requested: list[dict] | None,
+    *,
+    proration_behavior: str = CREATE_PRORATIONS,
+    proration_date: int | None = None,
+) -> ChangePlan:
+    """Compute a change of ``sub`` (its price loaded) without writing anything.
+
+    ``requested``: Stripe's update ``items`` (``{"id", "price", "quantity", "deleted"}``; None: no
+    change of items). ``proration_date`` (unix seconds) fixes the instant prorated for (a preview's),
+    which must lie in the same invoiced period as now. Raises :class:`InvalidRequestError` and
+    :class:`NotFoundError` naming the field.
+    """
+    now = whole_seconds(billing_now(sub.test_clock))
+    before = list(sub.items.select_related("price").order_by("created_at", "id"))
+    at = now
+    period = invoiced_period(sub, now)
+    if proration_date is not None:
+        at = datetime.fromtimestamp(proration_date, UTC)
+        if period is not None and not (period[0] <= at <= now):
+            raise InvalidRequestError(
+                "proration_date must lie in the current billing period and not after now.",
+                code="proration_date_out_of_range",
+                param="proration_date",
+            )
+    after = (
+        _resolve(sub, before, requested)
+        if requested is not None
+        else [ItemAfter(i.id, i.price, i.quantity) for i in before]
+    )
+    plan = ChangePlan(sub, at, before, after, period)
+    if proration_behavior != NONE:
+        plan.prorations = _prorations(plan)
+    return plan
+
+
+PERIOD_END = "period_end"
+
+
+def change_key(plan: ChangePlan) -> str:
+    """The identity of a change invoiced at once: its subscription, instant and resulting items, hashed."""
+    body = json.dumps([plan.subscription.id, plan.at.isoformat(), [(i.id, i.price.id, i.quantity) for i in plan.after]])
+    return f"{plan.subscription.id}:change:{hashlib.sha256(body.encode()).hexdigest()[:32]}"
+
+
+def change_subscription(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    subscription_id: str,
+    items: list[dict] | None,
+    proration_behavior: str = CREATE_PRORATIONS,
+    proration_date: int | None = None,
+    effective_at: str = "immediately",
+) -> tuple[Subscription, Invoice | None]:
+    """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
+
+    Writes the items, the proration items (pending, or on the change's own invoice) and
+    ``subscription.updated`` with ``previous_attributes.items``, in one transaction under the
+    subscription's row lock; then charges an ``always_invoice`` invoice
+    (:func:`billing.services.invoices.pay_invoice`). ``effective_at="period_end"`` prorates nothing and
+    stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
+    applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
+    Raises :class:`NotFoundError`,
+    :class:`InvalidRequestError` (see :func:`plan_change`) and :class:`StateConflictError` (a
+    canceled subscription).
+    """
+    with transaction.atomic():
+        sub = (
+            subscription_qs_select_for_update()
+            .select_related("price", "test_clock")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        if sub.status == Subscription.CANCELED:
+            raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        if effective_at == PERIOD_END:
+            plan = plan_change(sub, items, proration_behavior=NONE)
+            previous_schedule = sub.scheduled_items
+            sub.scheduled_items = [
+                {"id": item.id, "price": item.price.id, "quantity": item.quantity} for item in plan.after
+            ]
+            sub.save(update_fields=["scheduled_items", "updated_at"])
+            data = subscription_data(sub)
+            data["previous_attributes"] = {"scheduled_change": scheduled_change_data(sub, previous_schedule)}
+            emit_for(sub, "subscription.updated", data, created_at=billing_now(sub.test_clock))
+            return sub, None
+        if sub.scheduled_items is not None:  # an immediate change replaces a scheduled one
+            sub.scheduled_items = None
+            sub.save(update_fields=["scheduled_items", "updated_at"])
+        plan = plan_change(sub, items, proration_behavior=proration_behavior, proration_date=proration_date)
+        now = billing_now(sub.test_clock)
+        previous = [subscription_item_data(item) for item in plan.before]
+        write_items_locked(sub, plan, now)
+        proration_items = _write_prorations(sub, plan, now)
+        invoice = None
+        if proration_behavior == ALWAYS_INVOICE and proration_items:
+            invoice = _invoice_now(sub, plan, proration_items, now)
+        data = subscription_data(sub)
+        if data["items"]["data"] != previous:
+            data["previous_attributes"] = {"items": {"object": "list", "data": previous}}
+            emit_for(sub, "subscription.updated", data, created_at=now)
+    if invoice is not None and invoice.status == Invoice.OPEN:
+        invoice, _attempt, _outcome = pay_invoice(invoice.id, tenant_id=tenant_id, livemode=livemode)
+    sub.refresh_from_db()
+    return sub, invoice
+
+
+def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> list[InvoiceItem]:
+    items = [
+        InvoiceItem(
+            tenant_id=sub.tenant_id,
+            livemode=sub.livemode,
+            customer_id=sub.customer_id,
+            subscription=sub,
+            amount=line.amount,
+            currency=line.price.currency,
+            description=line.description,
+            price=line.price,
+            quantity=line.quantity,
+            proration=True,
+            period_start=line.period_start,
+            period_end=line.period_end,
+            created_at=now,
+        )
+        for line in plan.prorations
+        if line.amount != 0
+    ]
+    InvoiceItem.objects.bulk_create(items)
+    return items
+
+
+def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], now: datetime) -> Invoice:
+    """The change's own invoice of ``items`` (just written), finalised. Raises :class:`StateConflictError` when this
+    change (same ``change_key``) was invoiced before."""
+    amount = sum(item.amount for item in items)
+    invoice = Invoice(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        subscription_id=sub.id,
+        status=Invoice.DRAFT,
+        billing_reason=Invoice.UPDATE,
+        change_key=change_key(plan),
+        currency=sub.price.currency,
+        period_start=plan.at,
+        period_end=plan.period[1],
+        subtotal=amount,
+        total=amount,
+        amount_due=max(amount, 0),
+        created_at=now,
+    )
+    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
+    if not materialise_invoice(row):
+        # The same change (subscription, instant, items) was invoiced already: roll this one back whole, or its
+        # proration items would stay pending and be billed a second time.
+        raise StateConflictError(
+            f"This change of subscription '{sub.id}' has been invoiced already.", code="change_already_invoiced"
+        )
+    invoice._state.adding = False
+    invoice._state.db = connection.alias
+    InvoiceItem.objects.filter(pk__in=[item.pk for item in items], invoice__isnull=True).update(invoice=invoice)
+    lines = []
+    for item in items:
+        line = item_line(item)
+        line.invoice_id = invoice.id
+        lines.append(line)
+    InvoiceLineItem.objects.bulk_create(lines)
+    invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
+    finalize_or_pend_locked(invoice, now=now, lines=lines)
+    return invoice
+
+
+def preview_upcoming(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    subscription_id: str,
+    items: list[dict] | None = None,
+    proration_behavior: str = CREATE_PRORATIONS,
+    proration_date: int | None = None,
+) -> tuple[Invoice, list[InvoiceLineItem]]:
+    """The subscription's next invoice, unsaved, with its lines: what the next close would bill after the change
+    proposed (``items``, ``proration_behavior``, ``proration_date`` as for :func:`change_subscription`).
+
+    The next period's items (after the proposed change, or a scheduled one), the pending invoice items
+    it would sweep and the proposed prorations; tax and the customer's balance as finalising would
+    apply them. With ``always_invoice`` it is the change's own invoice (the prorations alone). Writes
+    nothing: it runs in a transaction that is rolled back. Raises as :func:`plan_change` does, and
+    :class:`StateConflictError` (``no_upcoming_invoice``) for a canceled subscription.
+    """
+    with transaction.atomic():
+        sub = (
+            Subscription.objects.select_related("price", "test_clock", "customer")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="subscription")
+        if sub.status == Subscription.CANCELED or sub.next_billing_at is None:
+            raise StateConflictError(
+                f"Subscription '{sub.id}' has no upcoming invoice: it is canceled.", code="no_upcoming_invoice"
+            )
+        plan = plan_change(sub, items, proration_behavior=proration_behavior, proration_date=proration_date)
+        now = billing_now(sub.test_clock)
+        prorations = [
+            InvoiceLineItem(
+                description=line.description,
+                price_id=line.price.id,
+                quantity=line.quantity,
+                amount=line.amount,
+                currency=line.price.currency,
+                period_start=line.period_start,
+                period_end=line.period_end,
+                proration=True,
+            )
+            for line in plan.prorations
+            if line.amount != 0
+        ]
+        price = sub.price
+        if proration_behavior == ALWAYS_INVOICE and prorations:
+            lines = prorations
+            start, end = plan.at, plan.period[1]
+            reason = Invoice.UPDATE
+        else:
+            start, end = period_bounds(
+                sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed
+            )
+            after = scheduled_items(sub) if items is None else plan.after
+            lines = [
+                InvoiceLineItem(
+                    description=period_description(item.price, item.quantity, start, end),
+                    price_id=item.price.id,
+                    quantity=item.quantity,
+                    amount=item.quantity * item.price.amount,
+                    currency=item.price.currency,
+                    period_start=start,
+                    period_end=end,
+                    subscription_item=item.id or "",
+                )
+                for item in after
+            ]
+            pending = InvoiceItem.objects.filter(pending_for(sub, price.currency)).order_by("created_at", "id")
+            lines += [item_line(item) for item in pending] + prorations
+            reason = Invoice.CYCLE
+        amount = sum(line.amount for line in lines)
+        invoice = Invoice(
+            tenant_id=sub.tenant_id,
+            livemode=sub.livemode,
+            customer_id=sub.customer_id,
+            subscription_id=sub.id,
+            status=Invoice.DRAFT,
+            billing_reason=reason,
+            currency=price.currency,
+            period_start=start,
+            period_end=end,
+            subtotal=amount,
+            total=amount,
+            amount_due=max(amount, 0),
+            created_at=now,
+        )
+        quote = tax_quote(invoice)
+        if quote is not None:
+            apply_tax(invoice, quote)
+        else:
+            invoice.tax_status = Invoice.TAX_PENDING
+        set_balance_applied(sub.customer, invoice)
+        transaction.set_rollback(True)
+    return invoice, lines
+
+
+def cancel_subscription(
+    *, tenant_id: str, livemode: bool, subscription_id: str, at_period_end: bool = False, prorate: bool = False
+) -> Subscription:
+    """Cancel as :func:`billing.services.catalog.cancel_subscription`; with ``prorate`` (now only), also credit the
+    unused time of the invoiced current period to the customer's balance.
+
+    One ledger entry per item, reason ``proration_credit``, each ``quantity × amount × remaining / period``
+    rounded once (:func:`billing.services.proration.prorate`), emitted as ``customer.credit_granted``. Raises
+    as the cancel does, and :class:`InvalidRequestError` for ``prorate`` with ``at_period_end`` (nothing is
+    unused at the period's end).
+    """
+    if not prorate:
+        return catalog_cancel(
+            tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id, at_period_end=at_period_end
+        )
+    if at_period_end:
+        raise InvalidRequestError(
+            "prorate applies to a cancellation now, not at period end.", code="prorate_conflict", param="prorate"
+        )
+    with transaction.atomic():
+        sub = (
+            subscription_qs_select_for_update()
+            .select_related("price", "test_clock")
+            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+            .first()
+        )
+        if sub is None:
+            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        plan = ChangePlan(sub, whole_seconds(billing_now(sub.test_clock)), [], [], None)
+        if sub.status != Subscription.CANCELED:
+            plan.before = list(sub.items.select_related("price").order_by("created_at", "id"))
+            plan.period = invoiced_period(sub, plan.at)
+        credits = [line for line in _prorations(plan) if line.amount < 0]
+        canceled = catalog_cancel(tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id)
+        if credits:
+            customer = customer_locked(sub.customer_id)
+            for line in credits:
+                entry = credit_proration_locked(
+                    customer,
+                    amount=-line.amount,
+                    currency=line.price.currency,
+                    at=plan.at,
+                    description=f"{line.description} (canceled {sub.id})",
+                )
+                ledger_entry_event(entry, "customer.credit_granted", created_at=plan.at)
+    return canceled

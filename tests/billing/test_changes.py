@@ -1,0 +1,374 @@
+"""Changing a subscription's items: prorations to the minor unit (hand-computed), always_invoice charged once,
+none, and a leap-year February. Every subscription here is on a test clock, so "now" is the clock's."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from billing.models import Invoice, InvoiceItem, PaymentAttempt, SubscriptionItem, TestClock
+from billing.services.drain import drain_due
+from tests.api.conftest import Api, make_keys
+from tests.billing.conftest import events
+
+
+@pytest.fixture
+def acme(book):
+    return make_keys("Acme")
+
+
+def _clocked(book, tenant, *, anchor, currency="usd", amount=1000, quantity=1):
+    """A subscription on a clock at ``anchor``, its first period billed (paid)."""
+    clock = TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=anchor)
+    customer = book.customer(tenant, clock=clock, currency=currency)
+    price = book.price(tenant, amount=amount, currency=currency)
+    price.nickname = "Basic"
+    price.save()
+    sub = book.subscription(customer, price, anchor=anchor, quantity=quantity)
+    drain_due(livemode=False, trigger="test_clock", tenant_id=tenant.id, test_clock_id=clock.id)
+    assert Invoice.objects.get(subscription=sub).status == "paid"
+    return clock, sub
+
+
+def _move(clock, at):
+    TestClock.objects.filter(pk=clock.pk).update(frozen_time=at)
+
+
+def _bill_next_period(tenant, clock, at):
+    _move(clock, at)
+    drain_due(livemode=False, trigger="test_clock", tenant_id=tenant.id, test_clock_id=clock.id)
+
+
+def _item(sub):
+    return SubscriptionItem.objects.get(subscription=sub)
+
+
+def _pro(book, tenant, amount, currency="usd"):
+    price = book.price(tenant, amount=amount, currency=currency)
+    price.nickname = "Pro"
+    price.save()
+    return price
+
+
+def test_an_upgrade_halfway_through_a_30_day_month_in_usd(book, acme, stripe_proxy):
+    # April has 30 days; April 16 00:00 leaves 15 of them: exactly half.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2999)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]}
+    )
+
+    assert status == 200, body
+    assert [(i["price"]["id"], i["quantity"]) for i in body["items"]["data"]] == [(pro.id, 1)]
+    assert body["price"] == pro.id
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [(p.amount, p.proration, p.invoice_id) for p in prorations] == [(-500, True, None), (1500, True, None)]
+    assert [p.description for p in prorations] == [
+        "Unused time on 1 × Basic after Apr 16, 2027",
+        "Remaining time on 1 × Pro after Apr 16, 2027",
+    ]
+    assert {(p.period_start, p.period_end) for p in prorations} == {
+        (datetime(2027, 4, 16, tzinfo=UTC), datetime(2027, 5, 1, tzinfo=UTC))
+    }
+    (updated,) = [e for e in events("subscription.updated", data__id=sub.id) if "previous_attributes" in e.data]
+    assert updated.data["previous_attributes"]["items"]["data"][0]["price"]["amount"] == 1000
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.amount, line.proration) for line in may.lines.all()] == [(2999, False), (-500, True), (1500, True)]
+    assert (may.subtotal, may.amount_paid, may.status) == (3999, 3999, "paid")
+
+
+def test_an_upgrade_in_jpy_rounds_each_line_once_half_away_from_zero(book, acme, stripe_proxy):
+    # Apr 11 10:00 → May 1: 1,692,000 of 2,592,000 s. Credit −980 × that = −639.72 → −640;
+    # charge 3,333 × that = 2,175.71 → 2,176 (yen have no minor unit).
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), currency="jpy", amount=980)
+    pro = _pro(book, acme.tenant, 3333, currency="jpy")
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]}
+    )
+
+    assert status == 200, body
+    assert list(InvoiceItem.objects.filter(subscription=sub).order_by("id").values_list("amount", "currency")) == [
+        (-640, "jpy"),
+        (2176, "jpy"),
+    ]
+
+
+def test_a_jan_31_anchor_changed_on_feb_15_of_a_leap_year(book, acme, stripe_proxy):
+    # The period is Jan 31 → Feb 29 2028 (29 days); Feb 15 leaves 14: credit −1000 × 14/29 = −482.76 → −483,
+    # charge 2000 × 14/29 = 965.52 → 966.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2028, 1, 31, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2000)
+    _move(clock, datetime(2028, 2, 15, tzinfo=UTC))
+
+    status, _ = Api(acme.test).post(f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]})
+
+    assert status == 200
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [p.amount for p in prorations] == [-483, 966]
+    assert prorations[0].period_end == datetime(2028, 2, 29, tzinfo=UTC)
+
+
+def test_always_invoice_charges_a_quantity_change_once_even_when_retried(book, acme, stripe_proxy):
+    # 3 → 5 seats of 1000 with half the period left: credit −1500, charge 2500, invoiced now: 1000.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+    body = {"items": [{"id": _item(sub).id, "quantity": 5}], "proration_behavior": "always_invoice"}
+
+    first = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    again = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    plain_retry = api.post(f"/v1/subscriptions/{sub.id}", body)
+
+    assert first[0] == again[0] == plain_retry[0] == 200, first
+    assert first == again
+    (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
+    assert [line.amount for line in invoice.lines.all()] == [-1500, 2500]
+    assert (invoice.total, invoice.amount_paid, invoice.status) == (1000, 1000, "paid")
+    assert invoice.change_key.startswith(f"{sub.id}:change:")
+    charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == "1000"]
+    assert len(charges) == 1
+    assert PaymentAttempt.objects.filter(invoice=invoice, outcome="succeeded").count() == 1
+    assert _item(sub).quantity == 5
+    assert not InvoiceItem.objects.filter(invoice__isnull=True).exists()
+
+
+def test_none_applies_the_new_items_from_the_next_invoice_without_prorations(book, acme, stripe_proxy):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2999)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+
+    status, _ = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}",
+        {
+            "items": [{"id": _item(sub).id, "deleted": True}, {"price": pro.id, "quantity": 2}],
+            "proration_behavior": "none",
+        },
+    )
+
+    assert status == 200
+    assert not InvoiceItem.objects.exists()
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.price_id, line.quantity, line.amount) for line in may.lines.all()] == [(pro.id, 2, 5998)]
+
+
+def test_bad_changes_are_refused_and_change_nothing(book, acme):
+    _clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    euro = book.price(acme.tenant, currency="eur")
+    yearly = book.price(acme.tenant, interval="year")
+    item = _item(sub)
+    api = Api(acme.test)
+
+    cases = [
+        ({"items": [{"price": euro.id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "price": yearly.id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "deleted": True}]}, 422, "items"),
+        ({"items": [{"id": "si_00000000000000000000000000"}]}, 404, "items[0][id]"),
+        ({"items": [{"price": item.price_id}]}, 422, "items[0]"),
+        ({"items": [{"id": item.id, "quantity": 2}], "proration_date": 0}, 422, "proration_date"),
+    ]
+    for body, status, param in cases:
+        got, error = api.post(f"/v1/subscriptions/{sub.id}", body)
+        assert (got, error["error"]["param"]) == (status, param), (body, error)
+    assert (_item(sub).price_id, _item(sub).quantity) == (item.price_id, 1)
+    assert not InvoiceItem.objects.exists()
+    assert all("previous_attributes" not in e.data for e in events("subscription.updated", data__id=sub.id))
+
+
+def _row_counts():
+    from billing.models import InvoiceLineItem, LedgerEntry, Subscription
+    from outbox.models import Event
+
+    return {
+        model.__name__: model.objects.count()
+        for model in (Invoice, InvoiceLineItem, InvoiceItem, SubscriptionItem, Subscription, LedgerEntry, Event)
+    }
+
+
+def test_a_preview_then_the_change_with_its_proration_date_agree_exactly_and_the_preview_writes_nothing(
+    book, acme, stripe_proxy
+):
+    import json
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    pro = _pro(book, acme.tenant, 2999)
+    InvoiceItem.objects.create(
+        tenant=acme.tenant,
+        livemode=False,
+        customer_id=sub.customer_id,
+        amount=-200,
+        currency="usd",
+        period_start=datetime(2027, 4, 2, tzinfo=UTC),
+        period_end=datetime(2027, 4, 2, tzinfo=UTC),
+    )
+    previewed_at = datetime(2027, 4, 11, 10, tzinfo=UTC)
+    _move(clock, previewed_at)
+    proposed = [{"id": _item(sub).id, "quantity": 1}, {"price": pro.id}]
+    api = Api(acme.test)
+
+    before = _row_counts()
+    status, preview = api.get(
+        "/v1/invoices/upcoming",
+        {"subscription": sub.id, "items": json.dumps(proposed), "proration_date": str(int(previewed_at.timestamp()))},
+    )
+    assert status == 200, preview
+    assert _row_counts() == before
+
+    # Quantity 3 → 1 of 1000 and a new 2999, 1,692,000 of 2,592,000 s left: −3000 × … = −1958.33 → −1958,
+    # +1000 × … = 652.78 → 653, +2999 × … = 1957.68 → 1958.
+    assert [(line["amount"], line["proration"]) for line in preview["lines"]] == [
+        (1000, False),
+        (2999, False),
+        (-200, False),
+        (-1958, True),
+        (653, True),
+        (1958, True),
+    ]
+    assert (preview["id"], preview["subtotal"], preview["amount_due"]) == (None, 4452, 4452)
+    assert preview["period_start"] == "2027-05-01T00:00:00Z"
+
+    _move(clock, datetime(2027, 4, 12, tzinfo=UTC))  # the change comes a little later, with the preview's date
+    status, _ = api.post(
+        f"/v1/subscriptions/{sub.id}", {"items": proposed, "proration_date": int(previewed_at.timestamp())}
+    )
+    assert status == 200
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.amount, line.description) for line in may.lines.all()] == [
+        (line["amount"], line["description"]) for line in preview["lines"]
+    ]
+    assert (may.subtotal, may.amount_due) == (preview["subtotal"], preview["amount_due"])
+
+
+def test_a_downgrade_at_period_end_bills_the_new_items_from_the_next_period_without_prorations(
+    book, acme, stripe_proxy
+):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), amount=2999)
+    cheap = _pro(book, acme.tenant, 1000)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+
+    status, body = api.post(
+        f"/v1/subscriptions/{sub.id}",
+        {"items": [{"id": _item(sub).id, "price": cheap.id}], "effective_at": "period_end"},
+    )
+
+    assert status == 200, body
+    assert body["scheduled_change"] == {
+        "effective_at": "2027-05-01T00:00:00Z",
+        "items": [{"id": _item(sub).id, "price": cheap.id, "quantity": 1}],
+    }
+    assert body["items"]["data"][0]["price"]["amount"] == 2999  # unchanged until then
+    assert not InvoiceItem.objects.exists()
+    status, preview = api.get("/v1/invoices/upcoming", {"subscription": sub.id})
+    assert [line["amount"] for line in preview["lines"]] == [1000]
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [(line.price_id, line.amount) for line in may.lines.all()] == [(cheap.id, 1000)]
+    sub.refresh_from_db()
+    assert (sub.scheduled_items, sub.price_id, _item(sub).price_id) == (None, cheap.id, cheap.id)
+
+
+def test_cancel_with_proration_credits_the_unused_time_to_the_balance(book, acme, stripe_proxy):
+    # 3 seats of 1000, canceled on Apr 11 10:00: 3000 × 1,692,000 / 2,592,000 = 1958.33 → 1958 credited.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True})
+
+    assert status == 200, body
+    assert (body["status"], body["ended_at"]) == ("canceled", "2027-04-11T10:00:00Z")
+    from billing.models import Customer, LedgerEntry
+
+    entry = LedgerEntry.objects.get(customer_id=sub.customer_id)
+    assert (entry.reason, entry.amount, entry.balance_after, entry.created_at) == (
+        "proration_credit",
+        1958,
+        1958,
+        datetime(2027, 4, 11, 10, tzinfo=UTC),
+    )
+    assert entry.description.startswith("Unused time on 3 × Basic after Apr 11, 2027")
+    assert Customer.objects.get(pk=sub.customer_id).credit_balance == 1958
+    assert [e.data["amount"] for e in events("customer.credit_granted")] == [1958]
+
+
+def test_cancel_at_period_end_with_prorate_is_refused(book, acme):
+    _clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True, "at_period_end": True})
+    assert (status, body["error"]["code"]) == (422, "prorate_conflict")
+    sub.refresh_from_db()
+    assert (sub.status, sub.cancel_at_period_end) == ("active", False)
+
+
+def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(book, acme, stripe_proxy, settings):
+    # The change waits on the subscription's row lock while the close of May holds it: May's invoice bills the
+    # old item whole, and the change then prorates May (its period now), not April.
+    import threading
+
+    from django.db import connection
+
+    from billing.services import close as close_module
+    from billing.services.changes import change_subscription
+
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = False  # the per-close path, whose step 1 the test holds open
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2000)
+    _move(clock, datetime(2027, 5, 1, tzinfo=UTC))
+    item_id = _item(sub).id
+    prepared, release = threading.Event(), threading.Event()
+    original = close_module._materialise
+
+    def slow_materialise(*args, **kwargs):
+        result = original(*args, **kwargs)
+        prepared.set()
+        release.wait(10)
+        return result
+
+    close_module._materialise = slow_materialise
+    try:
+        drainer = threading.Thread(
+            target=lambda: (
+                drain_due(livemode=False, trigger="test_clock", tenant_id=acme.tenant.id, test_clock_id=clock.id),
+                connection.close(),
+            )
+        )
+        drainer.start()
+        assert prepared.wait(20)
+        changed = {}
+
+        def change():
+            try:
+                changed["sub"] = change_subscription(
+                    tenant_id=acme.tenant.id,
+                    livemode=False,
+                    subscription_id=sub.id,
+                    items=[{"id": item_id, "price": pro.id}],
+                )
+            finally:
+                connection.close()
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        changer.join(1)
+        assert changer.is_alive(), "the change waits for the close's lock"
+        release.set()
+        drainer.join(30)
+        changer.join(30)
+    finally:
+        close_module._materialise = original
+
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [line.amount for line in may.lines.all()] == [1000]
+    prorations = list(InvoiceItem.objects.filter(subscription=sub).order_by("id"))
+    assert [(p.amount, p.period_start, p.period_end) for p in prorations] == [
+        (-1000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+        (2000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
+    ]
