@@ -104,13 +104,15 @@ _UNKNOWN_OBJECT = re.compile(r"No such (?P<kind>[A-Za-z_ ]+?)\s*[:=]?\s*'?(?P<id
 _KINDS = {"paymentmethod": "payment method", "payment_method": "payment method", "payment method": "payment method"}
 
 
-def explain_error(error: str) -> str:
+def explain_error(error: str, *, unattached_payment_method: str = "") -> str:
     """A billing or payment error in an operator's words, from the text the services stored.
 
     ``error: InvalidRequestError (404): No such PaymentMethod: 'pm_1'`` → ``the gateway does not know
-    payment method pm_1``; a transport failure, a 429 or a 5xx → the gateway did not answer or was
-    failing (the retry ladder charges again); a decline → the card's decline code; a database or tax
-    failure likewise. Returns ``""`` for no error; unknown texts are returned as they are.
+    payment method pm_1``. A bare 404 names its object from ``unattached_payment_method``: the charge
+    first attaches a payment method the customer's gateway record lacks, so a 404 then is that payment
+    method unknown to the gateway. A transport failure, a 429 or a 5xx → the gateway did not answer or
+    was failing (the retry ladder charges again); a decline → the card's decline code; a database or
+    tax failure likewise. Returns ``""`` for no error; unknown texts are returned as they are.
     """
     if not error:
         return ""
@@ -120,6 +122,10 @@ def explain_error(error: str) -> str:
         return f"the gateway does not know {_KINDS.get(kind.lower(), kind.lower())} {found['id']}"
     status = re.search(r"\((\d{3})\)", error)
     code = int(status[1]) if status else None
+    if code == 404:
+        if unattached_payment_method:
+            return f"the gateway does not know payment method {unattached_payment_method} (404 when attaching it)"
+        return "the gateway does not know an object this charge names (404): its customer or payment method"
     if error.startswith("declined: "):
         return f"the card was declined ({error.removeprefix('declined: ')})"
     if error.startswith("unknown") or "APIConnectionError" in error or "Timeout" in error:
@@ -241,6 +247,14 @@ class SubscriptionBillingAttemptInline(ReadOnlyInline):
         return truncated(explain_error(attempt.error), 90)
 
 
+def _attempt_error(attempt: PaymentAttempt) -> str:
+    """The attempt's error in words; a 404 names the attempt's payment method when the gateway never took it."""
+    if not attempt.error_message:
+        return ""
+    customer = attempt.invoice.customer
+    return explain_error(attempt.error_message, unattached_payment_method=_unattached(customer, attempt.payment_method))
+
+
 def _payment_attempts_table(attempts) -> str:
     """An HTML table of payment attempts (newest first as given), amounts formatted, errors explained."""
     rows = format_html_join(
@@ -253,7 +267,7 @@ def _payment_attempts_table(attempts) -> str:
                 a.attempt_number,
                 a.outcome,
                 money(a.amount, a.currency),
-                truncated(a.decline_code or explain_error(a.error_message) or "—", 70),
+                truncated(a.decline_code or _attempt_error(a) or "—", 70),
                 a.payment_intent_id or "—",
             )
             for a in attempts
@@ -266,6 +280,18 @@ def _payment_attempts_table(attempts) -> str:
         "<th>decline / error</th><th>PaymentIntent</th></tr>{}</table>",
         rows,
     )
+
+
+def _unattached(customer: Customer, payment_method: str | None = None) -> str:
+    """The payment method a charge of ``customer`` attaches first ("" when it is attached already)."""
+    payment_method = customer.default_payment_method if payment_method is None else payment_method
+    return payment_method if payment_method and payment_method != customer.gateway_payment_method else ""
+
+
+def _unattached_payment_method(sub: Subscription) -> str:
+    """The payment method the subscription's last charge attempt tried to attach, if the gateway never took it."""
+    attempt = PaymentAttempt.objects.filter(invoice__subscription=sub).order_by("-started_at").first()
+    return _unattached(sub.customer, attempt.payment_method if attempt else None)
 
 
 def _dunning_run(invoice: Invoice):
@@ -451,7 +477,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
             return "none"
         return format_html(
             "{}<br><span class='quiet'>as recorded: {}</span>",
-            explain_error(sub.last_billing_error),
+            explain_error(sub.last_billing_error, unattached_payment_method=_unattached_payment_method(sub)),
             sub.last_billing_error,
         )
 
@@ -461,7 +487,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="last error")
     def last_error(self, sub: Subscription):
-        return truncated(explain_error(sub.last_billing_error), 48)
+        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 40)
 
     @admin.display(description="periods billed")
     def periods_billed_explained(self, sub: Subscription):
@@ -492,7 +518,9 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
     @admin.display(description="payment attempts")
     def payment_attempts(self, sub: Subscription):
         return _payment_attempts_table(
-            PaymentAttempt.objects.filter(invoice__subscription=sub).order_by("-started_at")[:50]
+            PaymentAttempt.objects.filter(invoice__subscription=sub)
+            .select_related("invoice__customer")
+            .order_by("-started_at")[:50]
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -619,7 +647,7 @@ class PaymentAttemptInline(ReadOnlyInline):
 
     @admin.display(description="decline / error")
     def decline_or_error(self, attempt: PaymentAttempt):
-        return truncated(attempt.decline_code or explain_error(attempt.error_message) or "—", 80)
+        return truncated(attempt.decline_code or _attempt_error(attempt) or "—", 80)
 
     @admin.display(description="started")
     def started(self, attempt: PaymentAttempt) -> str:
@@ -774,9 +802,14 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                     short_time(event.created_at),
                     format_html_join(
                         mark_safe("<br>"),
-                        "{} → {}: {} ({} attempts)",
+                        "{} → {}: {} ({})",
                         (
-                            (id_link(type(d), d.pk), truncated(d.endpoint.url, 48), d.status, d.attempts)
+                            (
+                                id_link(type(d), d.pk),
+                                truncated(d.endpoint.url, 48),
+                                d.status,
+                                "1 attempt" if d.attempts == 1 else f"{d.attempts} attempts",
+                            )
                             for d in deliveries
                         ),
                     )
@@ -900,7 +933,7 @@ class PaymentAttemptAdmin(ReadOnlyAdmin):
         "payment_intent_id",
     )
     list_filter = (*SCOPE_FILTERS, "outcome")
-    list_select_related = ("invoice",)
+    list_select_related = ("invoice__customer",)
     readonly_fields = ("amount_display", "error_explained")
 
     def object_label(self, attempt: PaymentAttempt) -> str:
@@ -915,11 +948,11 @@ class PaymentAttemptAdmin(ReadOnlyAdmin):
 
     @admin.display(description="decline / error")
     def decline_or_error(self, attempt: PaymentAttempt):
-        return truncated(attempt.decline_code or explain_error(attempt.error_message) or "—", 60)
+        return truncated(attempt.decline_code or _attempt_error(attempt) or "—", 60)
 
     @admin.display(description="error, explained")
     def error_explained(self, attempt: PaymentAttempt) -> str:
-        return explain_error(attempt.error_message) or "—"
+        return _attempt_error(attempt) or "—"
 
     search_fields = ("id",)
     search_help_text = "Exact attempt id (pa_…), invoice id (in_…), PaymentIntent (pi_…) or idempotency key."

@@ -49,6 +49,7 @@ admin.site.index_title = "Billing operations"
 admin.site.enable_nav_sidebar = False
 # The console is the site: there is no public site to "view".
 admin.site.site_url = None
+admin.site.empty_value_display = "—"
 
 # Lists count matching rows up to this many; beyond it the page says "more than 10000" and
 # offers the first COUNT_CAP / list_per_page pages (narrow with filters or search to go further).
@@ -144,6 +145,17 @@ class ReadOnlyAdmin(AuditedAdmin):
 
     def has_delete_permission(self, request, obj: Model | None = None) -> bool:
         return False
+
+    def get_list_display(self, request):
+        # Ids are 30 characters and lists must fit 1440 px: the "id" column shows the id shortened.
+        return tuple("short_pk" if column == "id" else column for column in super().get_list_display(request))
+
+    def get_sortable_by(self, request):
+        return tuple("short_pk" if column == "id" else column for column in super().get_sortable_by(request))
+
+    @admin.display(description="id", ordering="pk")
+    def short_pk(self, obj: Model):
+        return short_id(obj.pk)
 
     def get_readonly_fields(self, request, obj: Model | None = None):
         # A view page shows the fields a form cannot edit too (ids, creation times, sequences).
@@ -361,6 +373,15 @@ def clock_time(value, *, on_clock: bool) -> str:
     """:func:`short_time`, labeled ``(test clock)`` for an object on a test clock, whose times are the clock's."""
     text = short_time(value)
     return f"{text} (test clock)" if on_clock and value is not None else text
+
+
+def short_id(pk: str) -> str:
+    """A list's id: ``sub_…bgmf59na`` (the prefix and the last 8 characters, random in time-ordered ids:
+    distinct within a list), the whole id in the tooltip. Ids without a prefix are shown whole."""
+    prefix, sep, rest = str(pk).partition("_")
+    if not sep or len(rest) <= 12:
+        return str(pk)
+    return format_html('<span title="{}">{}_…{}</span>', pk, prefix, rest[-8:])
 
 
 def truncated(text: str, length: int = 40) -> str:

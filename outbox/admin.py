@@ -51,6 +51,38 @@ def endpoint_state(endpoint: WebhookEndpoint) -> str:
     return "healthy"
 
 
+def pending_short(delivery: Delivery) -> tuple[str, bool]:
+    """``(a few words, is it trouble)`` for a list column: why a queued delivery waits (``—`` once finished)."""
+    if delivery.status not in (Delivery.PENDING, Delivery.RETRYING):
+        return "—", False
+    endpoint = delivery.endpoint
+    if endpoint.deleted_at is not None or not endpoint.enabled:
+        return "endpoint disabled", True
+    now = timezone.now()
+    if delivery.claim_expires_at is not None and delivery.claim_expires_at > now:
+        return "sending now", False
+    if _circuit_open(endpoint):
+        return f"circuit open until {endpoint.circuit_open_until:%H:%M} UTC", True
+    if delivery.fire_after > now:
+        return f"next attempt {short_time(delivery.fire_after)}", False
+    return "due now", False
+
+
+class EndpointFilter(admin.SimpleListFilter):
+    """Deliveries by endpoint, named by URL (the endpoints table is small; the deliveries table is not read)."""
+
+    title = "endpoint"
+    parameter_name = "endpoint__id__exact"
+    MAX_ENDPOINTS = 100
+
+    def lookups(self, request, model_admin):
+        endpoints = WebhookEndpoint.objects.order_by("url", "pk").values_list("pk", "url")[: self.MAX_ENDPOINTS]
+        return tuple((pk, url if len(url) <= 48 else url[:47] + "…") for pk, url in endpoints)
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(endpoint_id=self.value())
+
+
 def pending_reason(delivery: Delivery) -> str:
     """Why a pending or retrying delivery has not been delivered yet, in words ("" once it is finished)."""
     if delivery.status not in (Delivery.PENDING, Delivery.RETRYING):
@@ -226,15 +258,30 @@ class DeliveryAdmin(ReadOnlyAdmin):
         "endpoint_link",
         "status",
         "attempts",
-        "why_waiting",
+        "waiting",
         "completed_at_display",
-        "replay_of_link",
     )
     list_filter = (
         "status",
         choices_filter("event__type", EVENT_TYPES, title="event type"),
         mode_filter("event__livemode"),
-        "endpoint",
+        EndpointFilter,
+    )
+    fields = (
+        "id",
+        "event_link",
+        "endpoint_link",
+        "endpoint_state_display",
+        "status",
+        "why_waiting",
+        "attempts",
+        "fire_after",
+        "last_error",
+        "claimed_by",
+        "claim_expires_at",
+        "created_at",
+        "completed_at",
+        "replay_of_link",
     )
     list_select_related = ("event", "endpoint")
     sortable_by = ("id",)
@@ -243,7 +290,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
     inlines = [DeliveryAttemptInline]
     actions = ["replay"]
     object_actions = (("replay", "Replay"),)
-    readonly_fields = ("why_waiting", "event_link", "endpoint_state_display")
+    readonly_fields = fields
 
     def object_label(self, delivery: Delivery) -> str:
         return f"Delivery of {delivery.event.type} ({delivery.event_id}) to {delivery.endpoint.url} · {delivery.status}"
@@ -262,8 +309,14 @@ class DeliveryAdmin(ReadOnlyAdmin):
         if not reason:
             return "—"
         if "circuit is open" in reason or "endpoint is" in reason:
-            return format_html('<span class="hc-alert">{}</span>', truncated(reason, 70))
-        return truncated(reason, 70)
+            return format_html('<span class="hc-alert">{}</span>', reason)
+        return reason
+
+    @admin.display(description="why it waits")
+    def waiting(self, delivery: Delivery):
+        text, trouble = pending_short(delivery)
+        css = "hc-alert" if trouble else ""
+        return format_html('<span title="{}" class="{}">{}</span>', pending_reason(delivery), css, text)
 
     @admin.display(description="endpoint state")
     def endpoint_state_display(self, delivery: Delivery) -> str:
@@ -277,13 +330,9 @@ class DeliveryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="event")
     def event_link(self, delivery: Delivery):
-        return id_link(Event, delivery.event_id)
+        return id_link(Event, delivery.event_id, text=f"{delivery.event.type} ({delivery.event_id})")
 
-    @admin.display(description="fire after")
-    def fire_after_display(self, delivery: Delivery) -> str:
-        return short_time(delivery.fire_after)
-
-    @admin.display(description="completed at")
+    @admin.display(description="completed")
     def completed_at_display(self, delivery: Delivery) -> str:
         return short_time(delivery.completed_at)
 
@@ -293,7 +342,7 @@ class DeliveryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="endpoint")
     def endpoint_link(self, delivery: Delivery):
-        return id_link(WebhookEndpoint, delivery.endpoint_id, text=truncated(delivery.endpoint.url, 40))
+        return id_link(WebhookEndpoint, delivery.endpoint_id, text=truncated(delivery.endpoint.url, 32))
 
     @admin.display(description="replay of")
     def replay_of_link(self, delivery: Delivery):
