@@ -244,7 +244,9 @@ class SubscriptionBillingAttemptInline(ReadOnlyInline):
 
     @admin.display(description="error")
     def error_explained(self, attempt: BillingAttempt):
-        return truncated(explain_error(attempt.error), 90)
+        # The inline's rows carry their parent subscription (and so its customer) already.
+        unattached = _unattached(attempt.subscription.customer) if attempt.error else ""
+        return truncated(explain_error(attempt.error, unattached_payment_method=unattached), 90)
 
 
 def _attempt_error(attempt: PaymentAttempt) -> str:
@@ -487,7 +489,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="last error")
     def last_error(self, sub: Subscription):
-        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 40)
+        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 64)
 
     @admin.display(description="periods billed")
     def periods_billed_explained(self, sub: Subscription):
@@ -1025,8 +1027,7 @@ class BillingRunAdmin(ReadOnlyAdmin):
         "id",
         "trigger",
         "status",
-        "tenant",
-        "livemode",
+        "run_scope",
         "started",
         "duration",
         "pages",
@@ -1049,6 +1050,10 @@ class BillingRunAdmin(ReadOnlyAdmin):
     @admin.display(description="started")
     def started(self, run: BillingRun) -> str:
         return short_time(run.started_at)
+
+    @admin.display(description="tenant · mode")
+    def run_scope(self, run: BillingRun) -> str:
+        return f"{run.tenant.name if run.tenant_id else 'all tenants'} · {'live' if run.livemode else 'test'}"
 
     @admin.display(description="duration")
     def duration(self, run: BillingRun) -> str:

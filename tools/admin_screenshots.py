@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             viewport={"width": WIDTH, "height": HEIGHT},
         )
         page = browser.new_page()
+        page.set_default_timeout(120_000)  # a busy 2-core stack answers slowly, not never
         _login(page, base, user, password)
         for name, what, url, fallback, *follow in PAGES:
             target = base + url if name in LISTS else _first_row(page, base, url)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 missing.append(f"{name}: no {what} in this book")
                 continue
             page.goto(target)
-            page.wait_for_load_state("networkidle")
+            page.wait_for_load_state("load")
             page.screenshot(path=str(args.out / name), full_page=True)
             print(f"{name}: {what} — {target}")
         browser.close()
