@@ -424,7 +424,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="customer")
     def customer_email(self, sub: Subscription) -> str:
-        return sub.customer.email
+        return truncated(sub.customer.email, 30)
 
     @admin.display(description="customer")
     def customer_link(self, sub: Subscription):
@@ -489,7 +489,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="last error")
     def last_error(self, sub: Subscription):
-        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 64)
+        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 52)
 
     @admin.display(description="periods billed")
     def periods_billed_explained(self, sub: Subscription):

@@ -146,9 +146,32 @@ class ReadOnlyAdmin(AuditedAdmin):
     def has_delete_permission(self, request, obj: Model | None = None) -> bool:
         return False
 
+    # Columns and fields shown in words instead: a shortened id, and the mode as "live" / "test" (Django's
+    # boolean icon for livemode reads as an error on every test-mode row).
+    _RENAMED = {"id": "short_pk", "livemode": "mode_word"}
+
     def get_list_display(self, request):
         # Ids are 30 characters and lists must fit 1440 px: the "id" column shows the id shortened.
-        return tuple("short_pk" if column == "id" else column for column in super().get_list_display(request))
+        return tuple(self._RENAMED.get(column, column) for column in super().get_list_display(request))
+
+    def get_fields(self, request, obj: Model | None = None):
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        return list(dict.fromkeys("mode_word" if f == "livemode" else f for f in fields))
+
+    def get_fieldsets(self, request, obj: Model | None = None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None:
+            return fieldsets
+        return [
+            (name, {**options, "fields": [("mode_word" if f == "livemode" else f) for f in options["fields"]]})
+            for name, options in fieldsets
+        ]
+
+    @admin.display(description="mode")
+    def mode_word(self, obj: Model) -> str:
+        return "live" if obj.livemode else "test"
 
     def get_sortable_by(self, request):
         return tuple("short_pk" if column == "id" else column for column in super().get_sortable_by(request))
@@ -163,7 +186,8 @@ class ReadOnlyAdmin(AuditedAdmin):
         if obj is None:
             return declared
         hidden = {*(self.exclude or ()), *declared}
-        return [f.name for f in self.opts.concrete_fields if not f.editable and f.name not in hidden] + declared
+        own = [f.name for f in self.opts.concrete_fields if not f.editable and f.name not in hidden] + declared
+        return own + (["mode_word"] if any(f.name == "livemode" for f in self.opts.concrete_fields) else [])
 
     def has_operate_permission(self, request) -> bool:
         """May the user run this admin's actions? Those who hold the model's ``change`` permission may.

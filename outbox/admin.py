@@ -149,6 +149,23 @@ class WebhookEndpointAdmin(ReadOnlyAdmin):
     list_filter = (mode_filter(), "enabled", CircuitFilter, "tenant")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "url")
+    # The state first: it is what an operator opens the page for (the signing secret is never shown).
+    fields = (
+        "id",
+        "url",
+        "state",
+        "backlog",
+        "tenant",
+        "livemode",
+        "description",
+        "enabled_events",
+        "enabled",
+        "disabled_reason",
+        "consecutive_failures",
+        "circuit_open_until",
+        "created_at",
+        "deleted_at",
+    )
     exclude = ("secret",)
     readonly_fields = ("state", "backlog")
     actions = ["reenable", "reset_circuit"]

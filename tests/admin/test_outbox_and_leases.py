@@ -101,6 +101,7 @@ def test_an_open_circuit_is_flagged_and_reset_through_the_service_with_an_audit_
     page = operator.get(reverse("admin:outbox_webhookendpoint_change", args=[endpoint.pk])).content.decode()
     assert "circuit open until" in page and 'value="reset_circuit"' in page
     assert f"Webhook endpoint {endpoint.url} ({endpoint.pk})" in page
+    assert endpoint.secret not in page and "whsec_" not in page  # the signing secret is never shown
     listed = operator.get(ENDPOINTS, {"circuit": "open"})
     assert [e.pk for e in listed.context["cl"].result_list] == [endpoint.pk]
     assert endpoint.url not in listed.content.decode().replace(f'title="{endpoint.url}"', "")  # truncated
