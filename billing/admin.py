@@ -10,10 +10,14 @@ delete an entry (credit moves through ``POST /v1/customers/{id}/credits``).
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import admin, messages
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Q
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.text import Truncator
+from django.utils.safestring import mark_safe
 
 from billing.models import (
     BillingAttempt,
@@ -33,10 +37,22 @@ from billing.models import (
 )
 from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.services import catalog, drain, invoices
+from dunning.schedule import next_retry_at
 from hardcount import audit
-from hardcount.admin import ReadOnlyAdmin, ReadOnlyInline, id_link, mode_filter, prefixed_search, short_time
+from hardcount.admin import (
+    ReadOnlyAdmin,
+    ReadOnlyInline,
+    clock_time,
+    id_link,
+    mode_filter,
+    money,
+    prefixed_search,
+    price_label,
+    short_time,
+    truncated,
+)
 from hardcount.errors import ServiceError
-from hardcount.money import format_amount
+from outbox.services import EVENT_TYPES, events_with_deliveries
 
 SCOPE_FILTERS = (mode_filter(), "tenant")
 # Each action's rows are recorded in the audit log, one entry per row with its outcome (hardcount.audit).
@@ -48,7 +64,7 @@ SEARCH_CUSTOMER_LIMIT = 100
 
 
 class ScopeColumns:
-    """``tenant_name`` and ``mode`` list columns (short, for wide lists; needs ``tenant`` selected)."""
+    """``tenant_name`` and ``mode`` list columns, and ``scope`` (the two in one); need ``tenant`` selected."""
 
     @admin.display(description="tenant")
     def tenant_name(self, obj) -> str:
@@ -58,27 +74,93 @@ class ScopeColumns:
     def mode(self, obj) -> str:
         return "live" if obj.livemode else "test"
 
+    @admin.display(description="tenant · mode")
+    def scope(self, obj) -> str:
+        return f"{obj.tenant.name} · {'live' if obj.livemode else 'test'}"
+
 
 def _money(amount_field: str, description: str):
+    """A display column of ``amount_field`` in the row's ``currency``, formatted by :func:`hardcount.admin.money`."""
+
     def display(model_admin, obj):
-        return _format(getattr(obj, amount_field), obj.currency)
+        return money(getattr(obj, amount_field), obj.currency)
 
     display.short_description = description
     return display
 
 
-def _format(amount: int, currency: str) -> str:
-    try:
-        return format_amount(amount, currency)
-    except (KeyError, ValueError):
-        return f"{amount} {currency}"
+def subscription_label(sub: Subscription) -> str:
+    """``Subscription sub_… · ada@example.com · $15.00 / month · past_due``."""
+    return f"Subscription {sub.id} · {sub.customer.email} · {_plan(sub.price)} · {sub.status}"
+
+
+def invoice_label(invoice: Invoice) -> str:
+    """``Invoice INV-0042 · $15.00 · open`` (the id when the invoice has no number yet, as a draft)."""
+    return f"Invoice {invoice.number or invoice.id} · {money(invoice.total, invoice.currency)} · {invoice.status}"
+
+
+def _plan(price: Price) -> str:
+    return price_label(price.amount, price.currency, price.interval, price.interval_count)
+
+
+# The gateway's words for "I do not know this object" (Stripe's and localstripe's spellings).
+_UNKNOWN_OBJECT = re.compile(r"No such (?P<kind>[A-Za-z_ ]+?)\s*[:=]?\s*'?(?P<id>[a-z]+_[A-Za-z0-9]+)'?", re.IGNORECASE)
+_KINDS = {"paymentmethod": "payment method", "payment_method": "payment method", "payment method": "payment method"}
+
+
+def explain_error(error: str, *, unattached_payment_method: str = "") -> str:
+    """A billing or payment error in an operator's words, from the text the services stored.
+
+    ``error: InvalidRequestError (404): No such PaymentMethod: 'pm_1'`` → ``the gateway does not know
+    payment method pm_1``. A bare 404 names its object from ``unattached_payment_method``: the charge
+    first attaches a payment method the customer's gateway record lacks, so a 404 then is that payment
+    method unknown to the gateway. A transport failure, a 429 or a 5xx → the gateway did not answer or
+    was failing (the retry ladder charges again); a decline → the card's decline code; a database or
+    tax failure likewise. Returns ``""`` for no error; unknown texts are returned as they are.
+    """
+    if not error:
+        return ""
+    found = _UNKNOWN_OBJECT.search(error)
+    if found:
+        kind = found["kind"].strip()
+        return f"the gateway does not know {_KINDS.get(kind.lower(), kind.lower())} {found['id']}"
+    status = re.search(r"\((\d{3})\)", error)
+    code = int(status[1]) if status else None
+    if code == 404:
+        if unattached_payment_method:
+            return f"the gateway does not know payment method {unattached_payment_method} (404 when attaching it)"
+        return "the gateway does not know an object this charge names (404): its customer or payment method"
+    if error.startswith("declined: "):
+        return f"the card was declined ({error.removeprefix('declined: ')})"
+    if error.startswith("unknown") or "APIConnectionError" in error or "Timeout" in error:
+        return "the gateway gave no answer (network or timeout); the charge is looked up before it is sent again"
+    if code == 429:
+        return "the gateway was rate limiting (429); the retry ladder charges again"
+    if code is not None and code >= 500:
+        return f"the gateway was failing (HTTP {code}); the retry ladder charges again"
+    if code in (401, 403):
+        return f"the gateway refused our credentials (HTTP {code}): check the tenant's gateway account"
+    if error.startswith("database: "):
+        return "the database failed during the close; the retry ladder closes it again"
+    if error.startswith("tax provider"):
+        return "the tax provider did not answer; the invoice waits as a draft"
+    return error
 
 
 @admin.register(Customer)
-class CustomerAdmin(ReadOnlyAdmin):
-    list_display = ("id", "email", "name", "external_id", "tenant", "livemode", "credit_balance", "currency")
+class CustomerAdmin(ScopeColumns, ReadOnlyAdmin):
+    list_display = ("id", "email", "name", "external_id", "credit", "scope")
     list_filter = SCOPE_FILTERS
     list_select_related = ("tenant",)
+    readonly_fields = ("credit",)
+
+    def object_label(self, customer: Customer) -> str:
+        return f"Customer {customer.email} ({customer.id})"
+
+    @admin.display(description="credit balance")
+    def credit(self, customer: Customer) -> str:
+        return money(customer.credit_balance, customer.currency) if customer.currency else "—"
+
     search_fields = ("id",)
     search_help_text = "Exact customer id (cus_…), email (any case), external id or gateway customer id."
 
@@ -91,12 +173,19 @@ class CustomerAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Price)
-class PriceAdmin(ReadOnlyAdmin):
-    list_display = ("id", "nickname", "amount_display", "interval", "interval_count", "active", "tenant", "livemode")
+class PriceAdmin(ScopeColumns, ReadOnlyAdmin):
+    list_display = ("id", "nickname", "price", "active", "scope")
     list_filter = (*SCOPE_FILTERS, "currency", "interval", "active")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "nickname")
-    amount_display = _money("amount", "amount")
+    readonly_fields = ("price",)
+
+    def object_label(self, price: Price) -> str:
+        return f"Price {_plan(price)}" + (f" “{price.nickname}”" if price.nickname else "") + f" ({price.id})"
+
+    @admin.display(description="price")
+    def price(self, price: Price) -> str:
+        return _plan(price)
 
 
 # --- subscriptions --------------------------------------------------------------------------------------------------
@@ -131,26 +220,25 @@ class SubscriptionInvoiceInline(ReadOnlyInline):
     model = Invoice
     fk_name = "subscription"
     verbose_name_plural = "invoices (newest 50)"
-    fields = (
-        "row_link",
-        "number",
-        "status",
-        "tax_status",
-        "period_start",
-        "period_end",
-        "total_display",
-        "amount_due_display",
-    )
+    fields = ("row_link", "number", "status", "tax_status", "period", "total_display", "amount_due_display")
     readonly_fields = fields
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
+
+    @admin.display(description="billing period")
+    def period(self, invoice: Invoice) -> str:
+        return f"{short_time(invoice.period_start)} → {short_time(invoice.period_end)}"
 
 
 class SubscriptionBillingAttemptInline(ReadOnlyInline):
     model = BillingAttempt
     verbose_name_plural = "billing attempts (newest 50)"
-    fields = ("row_link", "created_at", "run_link", "outcome", "failure_number", "invoice_link", "error")
+    fields = ("row_link", "created", "run_link", "outcome", "failure_number", "invoice_link", "error_explained")
     readonly_fields = fields
+
+    @admin.display(description="at")
+    def created(self, attempt: BillingAttempt) -> str:
+        return short_time(attempt.created_at)
 
     @admin.display(description="run")
     def run_link(self, attempt: BillingAttempt):
@@ -159,6 +247,97 @@ class SubscriptionBillingAttemptInline(ReadOnlyInline):
     @admin.display(description="invoice")
     def invoice_link(self, attempt: BillingAttempt):
         return id_link(Invoice, attempt.invoice_id)
+
+    @admin.display(description="error")
+    def error_explained(self, attempt: BillingAttempt):
+        # The inline's rows carry their parent subscription (and so its customer) already.
+        unattached = _unattached(attempt.subscription.customer) if attempt.error else ""
+        return truncated(explain_error(attempt.error, unattached_payment_method=unattached), 90)
+
+
+def _attempt_error(attempt: PaymentAttempt) -> str:
+    """The attempt's error in words; a 404 names the attempt's payment method when the gateway never took it."""
+    if not attempt.error_message:
+        return ""
+    customer = attempt.invoice.customer
+    return explain_error(attempt.error_message, unattached_payment_method=_unattached(customer, attempt.payment_method))
+
+
+def _payment_attempts_table(attempts) -> str:
+    """An HTML table of payment attempts (newest first as given), amounts formatted, errors explained."""
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                short_time(a.started_at),
+                id_link(Invoice, a.invoice_id),
+                a.attempt_number,
+                a.outcome,
+                money(a.amount, a.currency),
+                truncated(a.decline_code or _attempt_error(a) or "—", 70),
+                a.payment_intent_id or "—",
+            )
+            for a in attempts
+        ),
+    )
+    if not rows:
+        return "none"
+    return format_html(
+        "<table><tr><th>started</th><th>invoice</th><th>#</th><th>outcome</th><th>amount</th>"
+        "<th>decline / error</th><th>PaymentIntent</th></tr>{}</table>",
+        rows,
+    )
+
+
+def _unattached(customer: Customer, payment_method: str | None = None) -> str:
+    """The payment method a charge of ``customer`` attaches first ("" when it is attached already)."""
+    payment_method = customer.default_payment_method if payment_method is None else payment_method
+    return payment_method if payment_method and payment_method != customer.gateway_payment_method else ""
+
+
+def _unattached_payment_method(sub: Subscription) -> str:
+    """The payment method the subscription's last charge attempt tried to attach, if the gateway never took it."""
+    attempt = PaymentAttempt.objects.filter(invoice__subscription=sub).order_by("-started_at").first()
+    return _unattached(sub.customer, attempt.payment_method if attempt else None)
+
+
+def _dunning_run(invoice: Invoice):
+    """The invoice's dunning run, or None (by the reverse relation: billing imports no dunning model)."""
+    try:
+        return invoice.dunning_run
+    except ObjectDoesNotExist:
+        return None
+
+
+def _dunning_summary(run) -> str:
+    """A dunning run in one paragraph: state, retries done of planned, next retry or why none, last decline."""
+    if run is None:
+        return "none"
+    planned = len(run.retry_days or ())
+    if run.status != "active":
+        state = f"{run.status} ({run.end_reason or 'no reason recorded'}) at {short_time(run.ended_at)}"
+    elif run.waiting_for_payment_method:
+        state = "active, waiting for the customer's new payment method (a hard decline)"
+    else:
+        next_at = next_retry_at(run)
+        state = (
+            f"active, next retry at {clock_time(next_at, on_clock=bool(run.test_clock_id))}"
+            if next_at
+            else ("active, no retry left: its end state is due")
+        )
+    steps = ", ".join(f"day {d}" for d in run.retry_days or ()) or "none"
+    return format_html(
+        "{} — {}; retries done {} of {} (schedule: {} after {}); last decline: {}{}",
+        id_link(type(run), run.pk),
+        state,
+        run.retries_done,
+        planned,
+        steps,
+        short_time(run.schedule_anchor_at),
+        run.last_decline_code or "—",
+        f"; last error: {explain_error(run.last_error)}" if run.last_error else "",
+    )
 
 
 @admin.register(Subscription)
@@ -172,11 +351,8 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
         "status",
         "billing_state_display",
         "next_billing",
-        "failures",
-        "next_attempt",
         "last_error",
-        "tenant_name",
-        "mode",
+        "scope",
     )
     list_filter = (*SCOPE_FILTERS, "status", BillingStateFilter)
     list_select_related = ("customer", "price", "tenant")
@@ -192,19 +368,26 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
     )
     inlines = [SubscriptionInvoiceInline, SubscriptionBillingAttemptInline]
     fieldsets = (
-        (None, {"fields": ("id", "tenant", "livemode", "customer", "price", "status", "test_clock", "metadata")}),
         (
-            "Billing failure state",
+            None,
             {
                 "fields": (
-                    "billing_state_display",
-                    "billing_failure_count",
-                    "next_billing_attempt_at",
-                    "billing_parked_at",
-                    "last_billing_error",
+                    "id",
+                    "tenant",
+                    "livemode",
+                    "customer_link",
+                    "plan",
+                    "status",
+                    "clock_display",
+                    "metadata",
                 )
             },
         ),
+        (
+            "Billing failure state",
+            {"fields": ("billing_state_explained", "billing_failure_count", "last_error_explained")},
+        ),
+        ("Dunning", {"fields": ("dunning",)}),
         ("Payment attempts (newest 50)", {"fields": ("payment_attempts",)}),
         (
             "Billing periods",
@@ -214,7 +397,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
                     "trial_end",
                     "current_period_start",
                     "current_period_end",
-                    "periods_billed",
+                    "periods_billed_explained",
                     "next_billing_at",
                     "cancel_at_period_end",
                     "canceled_at",
@@ -224,7 +407,19 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
         ),
         (None, {"fields": ("created_at", "updated_at")}),
     )
-    readonly_fields = ("billing_state_display", "payment_attempts")
+    readonly_fields = (
+        "customer_link",
+        "plan",
+        "clock_display",
+        "billing_state_explained",
+        "last_error_explained",
+        "dunning",
+        "payment_attempts",
+        "periods_billed_explained",
+    )
+
+    def object_label(self, sub: Subscription) -> str:
+        return subscription_label(sub)
 
     def object_action_applies(self, sub: Subscription, action: str) -> bool:
         if action == "retry_billing":
@@ -235,63 +430,105 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="customer")
     def customer_email(self, sub: Subscription) -> str:
-        return sub.customer.email
+        return truncated(sub.customer.email, 30)
+
+    @admin.display(description="customer")
+    def customer_link(self, sub: Subscription):
+        return id_link(Customer, sub.customer_id, text=str(sub.customer))
 
     @admin.display(description="plan")
-    def plan(self, sub: Subscription) -> str:
-        price = sub.price
-        every = price.interval if price.interval_count == 1 else f"{price.interval_count} {price.interval}s"
-        return f"{_format(price.amount, price.currency)} / {every}"
+    def plan(self, sub: Subscription):
+        return id_link(Price, sub.price_id, text=_plan(sub.price))
+
+    @admin.display(description="test clock")
+    def clock_display(self, sub: Subscription):
+        clock = sub.test_clock
+        if clock is None:
+            return "none: its times are the wall clock's (UTC)"
+        return format_html(
+            "{} — the clock's time is {} ({}); every time of this subscription is the clock's",
+            id_link(TestClock, clock.pk, text=clock.name or clock.pk),
+            short_time(clock.frozen_time),
+            clock.status,
+        )
 
     @admin.display(description="billing state")
     def billing_state_display(self, sub: Subscription) -> str:
-        return sub.billing_state
+        on_clock = bool(sub.test_clock_id)
+        if sub.billing_state == "waiting":
+            return (
+                f"waiting until {clock_time(sub.next_billing_attempt_at, on_clock=on_clock)} · "
+                f"failure {sub.billing_failure_count}"
+            )
+        if sub.billing_state == "parked":
+            return f"parked after {sub.billing_failure_count} failures"
+        return "ok"
+
+    @admin.display(description="billing state")
+    def billing_state_explained(self, sub: Subscription) -> str:
+        on_clock = bool(sub.test_clock_id)
+        if sub.billing_state == "waiting":
+            return (
+                f"waiting: failure {sub.billing_failure_count} on the retry ladder; the next attempt is at "
+                f"{clock_time(sub.next_billing_attempt_at, on_clock=on_clock)} (an operator may retry billing sooner)"
+            )
+        if sub.billing_state == "parked":
+            return (
+                f"parked since {clock_time(sub.billing_parked_at, on_clock=on_clock)} after "
+                f"{sub.billing_failure_count} failures: the drain no longer tries it; fix the cause, then retry billing"
+            )
+        return "ok: billed by the drain when due"
+
+    @admin.display(description="last error")
+    def last_error_explained(self, sub: Subscription):
+        if not sub.last_billing_error:
+            return "none"
+        return format_html(
+            "{}<br><span class='quiet'>as recorded: {}</span>",
+            explain_error(sub.last_billing_error, unattached_payment_method=_unattached_payment_method(sub)),
+            sub.last_billing_error,
+        )
 
     @admin.display(description="next billing")
     def next_billing(self, sub: Subscription) -> str:
-        return short_time(sub.next_billing_at)
-
-    @admin.display(description="failures")
-    def failures(self, sub: Subscription) -> int:
-        return sub.billing_failure_count
-
-    @admin.display(description="next attempt")
-    def next_attempt(self, sub: Subscription) -> str:
-        return short_time(sub.next_billing_attempt_at)
+        return clock_time(sub.next_billing_at, on_clock=bool(sub.test_clock_id))
 
     @admin.display(description="last error")
     def last_error(self, sub: Subscription):
-        if not sub.last_billing_error:
-            return ""
+        return truncated(explain_error(sub.last_billing_error, unattached_payment_method=_unattached(sub.customer)), 52)
+
+    @admin.display(description="periods billed")
+    def periods_billed_explained(self, sub: Subscription):
+        # An open invoice of the first unbilled period (which starts at next_billing_at) is one whose
+        # charge was never answered; a declined invoice's period has advanced already.
+        open_invoice = None
+        if sub.next_billing_at is not None:
+            open_invoice = sub.invoices.filter(status=Invoice.OPEN, period_start__gte=sub.next_billing_at).first()
+        if open_invoice is None:
+            return sub.periods_billed
         return format_html(
-            '<span title="{}">{}</span>', sub.last_billing_error, Truncator(sub.last_billing_error).chars(60)
+            "{} — the period from {} has an open invoice ({}) whose charge got no answer from the gateway yet: "
+            "a period counts as billed once its charge is answered (paid or declined); the retry ladder "
+            "charges it again",
+            sub.periods_billed,
+            short_time(open_invoice.period_start),
+            id_link(Invoice, open_invoice.pk, text=open_invoice.number or open_invoice.pk),
         )
+
+    @admin.display(description="dunning runs (of its invoices, newest 10)")
+    def dunning(self, sub: Subscription):
+        declined = sub.invoices.filter(dunning_run__isnull=False).select_related("dunning_run").order_by("-pk")[:10]
+        runs = [invoice.dunning_run for invoice in declined]
+        if not runs:
+            return "none: no invoice of this subscription was declined"
+        return format_html_join(mark_safe("<br>"), "{}", ((_dunning_summary(run),) for run in runs))
 
     @admin.display(description="payment attempts")
     def payment_attempts(self, sub: Subscription):
-        attempts = PaymentAttempt.objects.filter(invoice__subscription=sub).order_by("-started_at")[:50]
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            (
-                (
-                    short_time(a.started_at),
-                    id_link(Invoice, a.invoice_id),
-                    a.attempt_number,
-                    a.outcome,
-                    _format(a.amount, a.currency),
-                    a.decline_code or a.error_message or "—",
-                    a.payment_intent_id or "—",
-                )
-                for a in attempts
-            ),
-        )
-        if not rows:
-            return "none"
-        return format_html(
-            "<table><tr><th>started</th><th>invoice</th><th>#</th><th>outcome</th><th>amount</th>"
-            "<th>decline / error</th><th>PaymentIntent</th></tr>{}</table>",
-            rows,
+        return _payment_attempts_table(
+            PaymentAttempt.objects.filter(invoice__subscription=sub)
+            .select_related("invoice__customer")
+            .order_by("-started_at")[:50]
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -387,8 +624,18 @@ def _retry_result(sub: Subscription, attempt: BillingAttempt) -> tuple[str, int]
 
 class LineItemInline(ReadOnlyInline):
     model = InvoiceLineItem
-    fields = ("description", "price", "quantity", "amount", "currency", "period_start", "period_end")
+    fields = ("description", "price_link", "quantity", "amount_display", "period")
+    readonly_fields = fields
     ordering = ("pk",)
+    amount_display = _money("amount", "amount")
+
+    @admin.display(description="price")
+    def price_link(self, line: InvoiceLineItem):
+        return id_link(Price, line.price_id, text=_plan(line.price)) if line.price_id else "—"
+
+    @admin.display(description="billing period")
+    def period(self, line: InvoiceLineItem) -> str:
+        return f"{short_time(line.period_start)} → {short_time(line.period_end)}"
 
 
 class PaymentAttemptInline(ReadOnlyInline):
@@ -397,15 +644,29 @@ class PaymentAttemptInline(ReadOnlyInline):
         "row_link",
         "attempt_number",
         "outcome",
-        "amount",
-        "currency",
-        "decline_code",
-        "error_message",
+        "amount_display",
+        "decline_or_error",
         "payment_intent_id",
-        "started_at",
-        "completed_at",
+        "started",
+        "completed",
     )
     readonly_fields = fields
+    amount_display = _money("amount", "amount")
+
+    @admin.display(description="decline / error")
+    def decline_or_error(self, attempt: PaymentAttempt):
+        return truncated(attempt.decline_code or _attempt_error(attempt) or "—", 80)
+
+    @admin.display(description="started")
+    def started(self, attempt: PaymentAttempt) -> str:
+        return short_time(attempt.started_at)
+
+    @admin.display(description="completed")
+    def completed(self, attempt: PaymentAttempt) -> str:
+        return short_time(attempt.completed_at)
+
+
+INVOICE_EVENT_TYPES = tuple(t for t in EVENT_TYPES if t.startswith("invoice."))
 
 
 @admin.register(Invoice)
@@ -417,12 +678,10 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         "number",
         "customer_email",
         "status",
-        "tax_status",
         "total_display",
         "amount_due_display",
         "period",
-        "tenant_name",
-        "mode",
+        "scope",
     )
     list_filter = (*SCOPE_FILTERS, "status", "tax_status")
     list_select_related = ("customer", "tenant")
@@ -431,9 +690,60 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
     search_help_text = "Exact invoice id (in_…), number, customer id (cus_…), subscription id (sub_…) or PaymentIntent."
     inlines = [LineItemInline, PaymentAttemptInline]
     actions = ["retry_payment", "void"]
-    object_actions = (("retry_payment", "Retry payment now"), ("void", "Void"))
+    object_actions = (("retry_payment", "Pay now (retry the charge)"), ("void", "Void"))
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "number",
+                    "status",
+                    "tenant",
+                    "livemode",
+                    "customer_link",
+                    "subscription_link",
+                    "billing_period",
+                )
+            },
+        ),
+        (
+            "Amounts",
+            {
+                "fields": (
+                    "subtotal_display",
+                    "tax_display",
+                    "tax_status",
+                    "credit_applied_display",
+                    "total_display",
+                    "amount_due_display",
+                    "amount_paid_display",
+                )
+            },
+        ),
+        ("Payment", {"fields": ("payment_intent_id", "attempt_count", "dunning")}),
+        ("Events and their webhook deliveries", {"fields": ("deliveries",)}),
+        (None, {"fields": ("created_at", "finalized_at", "paid_at", "voided_at", "marked_uncollectible_at")}),
+    )
+    readonly_fields = (
+        "customer_link",
+        "subscription_link",
+        "billing_period",
+        "subtotal_display",
+        "tax_display",
+        "credit_applied_display",
+        "total_display",
+        "amount_due_display",
+        "amount_paid_display",
+        "dunning",
+        "deliveries",
+    )
+    subtotal_display = _money("subtotal", "subtotal")
+    tax_display = _money("tax", "tax")
+    credit_applied_display = _money("credit_applied", "credit applied")
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
+    amount_paid_display = _money("amount_paid", "amount paid")
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(
@@ -442,6 +752,15 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
             {"in_": "pk", "cus_": "customer_id", "sub_": "subscription_id", "pi_": "payment_intent_id"},
             default="number",
         )
+
+    def object_label(self, invoice: Invoice) -> str:
+        return invoice_label(invoice)
+
+    def object_links(self, invoice: Invoice) -> list[tuple[str, str]]:
+        run = _dunning_run(invoice)
+        if run is None:
+            return []
+        return [(reverse("admin:dunning_dunningrun_change", args=[run.pk]), "Open its dunning run")]
 
     def object_action_applies(self, invoice: Invoice, action: str) -> bool:
         if action == "retry_payment":
@@ -452,9 +771,62 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
     def customer_email(self, invoice: Invoice) -> str:
         return invoice.customer.email
 
+    @admin.display(description="customer")
+    def customer_link(self, invoice: Invoice):
+        return id_link(Customer, invoice.customer_id, text=str(invoice.customer))
+
+    @admin.display(description="subscription")
+    def subscription_link(self, invoice: Invoice):
+        return id_link(Subscription, invoice.subscription_id)
+
     @admin.display(description="period start")
     def period(self, invoice: Invoice) -> str:
         return short_time(invoice.period_start)
+
+    @admin.display(description="billing period")
+    def billing_period(self, invoice: Invoice) -> str:
+        return f"{short_time(invoice.period_start)} → {short_time(invoice.period_end)}"
+
+    @admin.display(description="dunning run")
+    def dunning(self, invoice: Invoice):
+        run = _dunning_run(invoice)
+        if run is None:
+            return "none: no charge of this invoice was declined"
+        return _dunning_summary(run)
+
+    @admin.display(description="deliveries")
+    def deliveries(self, invoice: Invoice):
+        events = events_with_deliveries(
+            tenant_id=invoice.tenant_id, livemode=invoice.livemode, object_id=invoice.id, types=INVOICE_EVENT_TYPES
+        )
+        if not events:
+            return "no event yet"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    id_link(type(event), event.pk, text=event.type),
+                    short_time(event.created_at),
+                    format_html_join(
+                        mark_safe("<br>"),
+                        "{} → {}: {} ({})",
+                        (
+                            (
+                                id_link(type(d), d.pk),
+                                truncated(d.endpoint.url, 48),
+                                d.status,
+                                "1 attempt" if d.attempts == 1 else f"{d.attempts} attempts",
+                            )
+                            for d in deliveries
+                        ),
+                    )
+                    or "no endpoint subscribed",
+                )
+                for event, deliveries in events
+            ),
+        )
+        return format_html("<table><tr><th>event</th><th>at</th><th>deliveries</th></tr>{}</table>", rows)
 
     @admin.action(description="Retry payment now (open invoices)", permissions=["operate"])
     def retry_payment(self, request, queryset):
@@ -557,8 +929,14 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     """The credit ledger: append-only, so no change, no delete, not even for superusers
     (docs/reference/domain.md#credit-ledger)."""
 
-    list_display = ("id", "created_at", "customer", "reason", "amount_display", "balance_display", "invoice")
+    list_display = ("id", "created", "customer", "reason", "amount_display", "balance_display", "invoice")
     list_filter = (*SCOPE_FILTERS, "reason")
+    readonly_fields = ("amount_display", "balance_display")
+
+    @admin.display(description="at")
+    def created(self, entry: LedgerEntry) -> str:
+        return short_time(entry.created_at)
+
     list_select_related = ("customer", "invoice")
     search_fields = ("id",)
     search_help_text = "Exact entry id (cbtxn_…), customer id (cus_…) or invoice id (in_…)."
@@ -576,16 +954,36 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 class PaymentAttemptAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
-        "started_at",
+        "started",
         "invoice",
         "attempt_number",
         "outcome",
         "amount_display",
-        "decline_code",
+        "decline_or_error",
         "payment_intent_id",
     )
     list_filter = (*SCOPE_FILTERS, "outcome")
-    list_select_related = ("invoice",)
+    list_select_related = ("invoice__customer",)
+    readonly_fields = ("amount_display", "error_explained")
+
+    def object_label(self, attempt: PaymentAttempt) -> str:
+        return (
+            f"Payment attempt {attempt.attempt_number} of invoice {attempt.invoice.number or attempt.invoice_id} · "
+            f"{money(attempt.amount, attempt.currency)} · {attempt.outcome}"
+        )
+
+    @admin.display(description="started")
+    def started(self, attempt: PaymentAttempt) -> str:
+        return short_time(attempt.started_at)
+
+    @admin.display(description="decline / error")
+    def decline_or_error(self, attempt: PaymentAttempt):
+        return truncated(attempt.decline_code or _attempt_error(attempt) or "—", 60)
+
+    @admin.display(description="error, explained")
+    def error_explained(self, attempt: PaymentAttempt) -> str:
+        return _attempt_error(attempt) or "—"
+
     search_fields = ("id",)
     search_help_text = "Exact attempt id (pa_…), invoice id (in_…), PaymentIntent (pi_…) or idempotency key."
     amount_display = _money("amount", "amount")
@@ -618,22 +1016,54 @@ class RunAttemptInline(ReadOnlyInline):
         return id_link(Invoice, attempt.invoice_id)
 
 
+class RunContentFilter(admin.SimpleListFilter):
+    """Runs that attempted something (the default), or every run: most scheduler ticks find nothing due."""
+
+    title = "runs shown"
+    parameter_name = "runs"
+
+    def lookups(self, request, model_admin):
+        return (("all", "all, with empty ones"), ("empty", "empty only"))
+
+    def choices(self, changelist):
+        # The default (no parameter) is "attempted something", so it is offered under that name.
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "attempted something",
+        }
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": self.value() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+    def queryset(self, request, queryset):
+        if self.value() == "all":
+            return queryset
+        if self.value() == "empty":
+            return queryset.filter(attempted=0)
+        return queryset.exclude(attempted=0)
+
+
 @admin.register(BillingRun)
 class BillingRunAdmin(ReadOnlyAdmin):
+    """Billing runs, newest first; runs that attempted nothing are folded away unless asked for."""
+
     list_display = (
         "id",
         "trigger",
         "status",
-        "tenant",
-        "livemode",
-        "started_at",
+        "run_scope",
+        "started",
         "duration",
         "pages",
         "attempted",
         "billed",
         "failed",
     )
-    list_filter = ("trigger", "status", mode_filter(), "tenant")
+    list_filter = (RunContentFilter, "trigger", "status", mode_filter(), "tenant")
     list_select_related = ("tenant",)
     search_fields = ("id",)
     inlines = [RunAttemptInline]
@@ -641,6 +1071,17 @@ class BillingRunAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(queryset, search_term, {"brun_": "pk", "ten_": "tenant_id"})
+
+    def object_label(self, run: BillingRun) -> str:
+        return f"Billing run {run.id} · {run.trigger} · {run.status} · billed {run.billed} of {run.attempted}"
+
+    @admin.display(description="started")
+    def started(self, run: BillingRun) -> str:
+        return short_time(run.started_at)
+
+    @admin.display(description="tenant · mode")
+    def run_scope(self, run: BillingRun) -> str:
+        return f"{run.tenant.name if run.tenant_id else 'all tenants'} · {'live' if run.livemode else 'test'}"
 
     @admin.display(description="duration")
     def duration(self, run: BillingRun) -> str:
@@ -658,8 +1099,17 @@ class BillingRunAdmin(ReadOnlyAdmin):
 
 @admin.register(BillingAttempt)
 class BillingAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "run_link", "subscription_link", "outcome", "failure_number", "error")
+    list_display = ("id", "created", "run_link", "subscription_link", "outcome", "failure_number", "error_explained")
     list_filter = ("outcome",)
+
+    @admin.display(description="at")
+    def created(self, attempt: BillingAttempt) -> str:
+        return short_time(attempt.created_at)
+
+    @admin.display(description="error")
+    def error_explained(self, attempt: BillingAttempt):
+        return truncated(explain_error(attempt.error), 70)
+
     search_fields = ("id",)
     search_help_text = "Exact attempt id (batt_…), run id (brun_…) or subscription id (sub_…)."
 
@@ -677,8 +1127,16 @@ class BillingAttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(TestClock)
 class TestClockAdmin(ReadOnlyAdmin):
-    list_display = ("id", "name", "frozen_time", "status", "tenant")
+    list_display = ("id", "name", "clock_now", "status", "tenant")
     list_filter = ("status", "tenant")
+
+    def object_label(self, clock: TestClock) -> str:
+        return f"Test clock {clock.name or clock.id} · its time {short_time(clock.frozen_time)} · {clock.status}"
+
+    @admin.display(description="the clock's time")
+    def clock_now(self, clock: TestClock) -> str:
+        return clock_time(clock.frozen_time, on_clock=True)
+
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "name")
 

@@ -19,7 +19,9 @@ fixed choices (never a ``SELECT DISTINCT`` over the table), and actions take at 
 from __future__ import annotations
 
 from datetime import UTC
+from decimal import Decimal
 
+from babel.numbers import format_currency, get_currency_precision, is_currency
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -45,6 +47,9 @@ admin.site.site_title = "Hardcount"
 admin.site.index_title = "Billing operations"
 # Lists are wide (ids, failure columns): the page's width goes to them; the index lists every model.
 admin.site.enable_nav_sidebar = False
+# The console is the site: there is no public site to "view".
+admin.site.site_url = None
+admin.site.empty_value_display = "—"
 
 # Lists count matching rows up to this many; beyond it the page says "more than 10000" and
 # offers the first COUNT_CAP / list_per_page pages (narrow with filters or search to go further).
@@ -141,13 +146,48 @@ class ReadOnlyAdmin(AuditedAdmin):
     def has_delete_permission(self, request, obj: Model | None = None) -> bool:
         return False
 
+    # Columns and fields shown in words instead: a shortened id, and the mode as "live" / "test" (Django's
+    # boolean icon for livemode reads as an error on every test-mode row).
+    _RENAMED = {"id": "short_pk", "livemode": "mode_word"}
+
+    def get_list_display(self, request):
+        # Ids are 30 characters and lists must fit 1440 px: the "id" column shows the id shortened.
+        return tuple(self._RENAMED.get(column, column) for column in super().get_list_display(request))
+
+    def get_fields(self, request, obj: Model | None = None):
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        return list(dict.fromkeys("mode_word" if f == "livemode" else f for f in fields))
+
+    def get_fieldsets(self, request, obj: Model | None = None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None:
+            return fieldsets
+        return [
+            (name, {**options, "fields": [("mode_word" if f == "livemode" else f) for f in options["fields"]]})
+            for name, options in fieldsets
+        ]
+
+    @admin.display(description="mode")
+    def mode_word(self, obj: Model) -> str:
+        return "live" if obj.livemode else "test"
+
+    def get_sortable_by(self, request):
+        return tuple("short_pk" if column == "id" else column for column in super().get_sortable_by(request))
+
+    @admin.display(description="id", ordering="pk")
+    def short_pk(self, obj: Model):
+        return short_id(obj.pk)
+
     def get_readonly_fields(self, request, obj: Model | None = None):
         # A view page shows the fields a form cannot edit too (ids, creation times, sequences).
         declared = list(super().get_readonly_fields(request, obj))
         if obj is None:
             return declared
         hidden = {*(self.exclude or ()), *declared}
-        return [f.name for f in self.opts.concrete_fields if not f.editable and f.name not in hidden] + declared
+        own = [f.name for f in self.opts.concrete_fields if not f.editable and f.name not in hidden] + declared
+        return own + (["mode_word"] if any(f.name == "livemode" for f in self.opts.concrete_fields) else [])
 
     def has_operate_permission(self, request) -> bool:
         """May the user run this admin's actions? Those who hold the model's ``change`` permission may.
@@ -164,7 +204,18 @@ class ReadOnlyAdmin(AuditedAdmin):
             context["object_actions"] = [
                 (action, label) for action, label in self.object_actions if self.object_action_applies(obj, action)
             ]
+            context["object_links"] = self.object_links(obj)
+            context["subtitle"] = context["object_label"] = self.object_label(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def object_label(self, obj: Model) -> str:
+        """What the row is, in words, for its page's heading and breadcrumbs and confirmation lists
+        (``Invoice INV-0042 · $15.00 · open``); the model's ``str`` unless an admin says better."""
+        return str(obj)
+
+    def object_links(self, obj: Model) -> list[tuple[str, str]]:
+        """``(url, label)`` links shown beside the action buttons of ``obj``'s page (its dunning run …)."""
+        return []
 
     def object_action_applies(self, obj: Model, action: str) -> bool:
         """Whether ``obj``'s page offers the button of ``action`` (the service still decides; this hides
@@ -196,6 +247,7 @@ class ReadOnlyAdmin(AuditedAdmin):
             "opts": self.opts,
             "title": question,
             "rows": rows,
+            "labels": [(row, self.object_label(row)) for row in rows],
             "action": action,
             "consequence": consequence,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
@@ -307,9 +359,60 @@ def id_link(model: type[Model], pk: str | None, text: str | None = None) -> str:
     return format_html('<a href="{}">{}</a>', url, text or pk)
 
 
+def console_locale() -> str:
+    """The locale amounts are written in (``HARDCOUNT_CONSOLE_LOCALE``, a Babel locale name; ``en_US`` by default)."""
+    return getattr(settings, "HARDCOUNT_CONSOLE_LOCALE", "en_US")
+
+
+def money(amount: int | None, currency: str) -> str:
+    """An amount in integer minor units as the console writes it: ``$15.00``, ``€12.99``, ``¥1,000``, ``KWD1.500``.
+
+    ``currency`` is an ISO 4217 code (any case). The number of minor digits is the currency's
+    exponent from Babel's ISO 4217 data (``tests/admin/test_money_display.py`` checks it equals
+    :data:`hardcount.money.CURRENCY_EXPONENTS`, which the amounts are stored in); symbol, grouping
+    and order are the console locale's (:func:`console_locale`). ``—`` for None; a code Babel does
+    not know is shown as ``1500 (minor units, XYZ)`` rather than guessed.
+    """
+    if amount is None:
+        return "—"
+    code = (currency or "").upper()
+    if not is_currency(code):
+        return f"{amount} (minor units, {code or 'no currency'})"
+    digits = get_currency_precision(code)
+    return format_currency(Decimal(amount).scaleb(-digits), code, locale=console_locale())
+
+
+def price_label(amount: int, currency: str, interval: str, interval_count: int = 1) -> str:
+    """A recurring price as every page writes it: ``€12.99 / week``, ``$90.00 / 3 months``."""
+    every = interval if interval_count == 1 else f"{interval_count} {interval}s"
+    return f"{money(amount, currency)} / {every}"
+
+
 def short_time(value) -> str:
-    """A list column's timestamp: ``2026-12-15 23:30`` (UTC, like every time here); ``-`` for None."""
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    """A timestamp as every page writes it: ``2026-12-15 23:30 UTC`` (times are UTC everywhere); ``—`` for None."""
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def clock_time(value, *, on_clock: bool) -> str:
+    """:func:`short_time`, labeled ``(test clock)`` for an object on a test clock, whose times are the clock's."""
+    text = short_time(value)
+    return f"{text} (test clock)" if on_clock and value is not None else text
+
+
+def short_id(pk: str) -> str:
+    """A list's id: ``sub_…bgmf59na`` (the prefix and the last 8 characters, random in time-ordered ids:
+    distinct within a list), the whole id in the tooltip. Ids without a prefix are shown whole."""
+    prefix, sep, rest = str(pk).partition("_")
+    if not sep or len(rest) <= 12:
+        return str(pk)
+    return format_html('<span title="{}">{}_…{}</span>', pk, prefix, rest[-8:])
+
+
+def truncated(text: str, length: int = 40) -> str:
+    """``text`` cut to ``length`` characters with ``…``, the whole of it in the tooltip (long URLs, errors)."""
+    if not text or len(text) <= length:
+        return text or ""
+    return format_html('<span title="{}">{}…</span>', text, text[: length - 1])
 
 
 def prefixed_search(queryset: QuerySet, search_term: str, routes: dict[str, str], default: str | None = None):

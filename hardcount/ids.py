@@ -68,6 +68,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_encode((ms << 80) | rand, 26)}"
 
 
+def floor_id(prefix: str, at) -> str:
+    """The smallest id ``<prefix>_…`` made at or after the aware datetime ``at``: ``pk >= floor_id(...)``
+    bounds a scan of a table by creation time on its primary key's index."""
+    ms = int(at.timestamp() * 1000) & ((1 << 48) - 1)
+    return f"{prefix}_{_encode(ms << 80, 26)}"
+
+
 @deconstructible
 class IdFactory:
     """A picklable, migration-serialisable default for a prefixed id field."""

@@ -181,6 +181,10 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Dates and times on the console's pages read "2026-12-01 14:03 UTC" (hardcount/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["hardcount.formats"]
+# The locale the console writes amounts in (Babel's name: en_US, de_DE, fr_FR, ja_JP ...): hardcount.admin.money.
+HARDCOUNT_CONSOLE_LOCALE = os.environ.get("HARDCOUNT_CONSOLE_LOCALE", "en_US")
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"

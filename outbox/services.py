@@ -378,6 +378,50 @@ def update_webhook_endpoint(
     return endpoint
 
 
+def reset_circuit(*, tenant_id: str, livemode: bool, endpoint_id: str) -> tuple[WebhookEndpoint, int]:
+    """Close an enabled endpoint's circuit by hand: zero its failure count, and make the deliveries
+    deferred behind the circuit due now, as a successful probe does (``PULL_IN_DEFERRED``).
+
+    Returns ``(endpoint, deliveries made due)``. For an operator who knows the receiver is back
+    before the cool-down ends. Raises 404 for an unknown or deleted endpoint and 409
+    ``endpoint_disabled`` for a disabled one (re-enable it instead: that closes the circuit too).
+    """
+    with transaction.atomic():
+        endpoint = _endpoint_for_update(tenant_id, livemode, endpoint_id)
+        if not endpoint.enabled:
+            raise StateConflictError(
+                f"Webhook endpoint {endpoint_id} is disabled; enable it, which also closes its circuit.",
+                code="endpoint_disabled",
+            )
+        endpoint.consecutive_failures = 0
+        endpoint.circuit_open_until = None
+        endpoint.save(update_fields=["consecutive_failures", "circuit_open_until"])
+        with connection.cursor() as cursor:
+            cursor.execute(queries.PULL_IN_DEFERRED, {"endpoint_id": endpoint.id})
+            pulled = cursor.rowcount
+    return endpoint, pulled
+
+
+def events_with_deliveries(
+    *, tenant_id: str, livemode: bool, object_id: str, types: tuple[str, ...], limit: int = 20
+) -> list[tuple[Event, list[Delivery]]]:
+    """The first ``limit`` events of ``types`` about the object ``object_id`` (its id in the event's
+    data), oldest first, each with its deliveries (endpoints selected), for an object's admin page.
+
+    Two statements: the events through ``event_type_idx`` (tenant, mode, type) filtered on the
+    data's id, then their deliveries by event.
+    """
+    events = list(
+        Event.objects.filter(tenant_id=tenant_id, livemode=livemode, type__in=types, data__id=object_id).order_by(
+            "sequence"
+        )[:limit]
+    )
+    by_event: dict[str, list[Delivery]] = {event.pk: [] for event in events}
+    for delivery in Delivery.objects.filter(event__in=events).select_related("endpoint").order_by("pk"):
+        by_event[delivery.event_id].append(delivery)
+    return [(event, by_event[event.pk]) for event in events]
+
+
 def delete_webhook_endpoint(*, tenant_id: str, livemode: bool, endpoint_id: str) -> WebhookEndpoint:
     """Delete an endpoint: it gets no new deliveries; its queued ones fail without a request.
 
@@ -443,7 +487,9 @@ __all__ = [
     "emit_for",
     "event_type_matches",
     "event_type_patterns",
+    "events_with_deliveries",
     "replay_delivery",
+    "reset_circuit",
     "update_webhook_endpoint",
     "validate_enabled_events",
     "validate_endpoint_url",

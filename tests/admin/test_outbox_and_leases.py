@@ -81,3 +81,60 @@ def test_lease_list_shows_holder_token_and_heartbeat_age_from_the_database_clock
     assert operator.get(reverse("admin:leases_leaderlease_add")).status_code == 403
     assert operator.post(reverse("admin:leases_leaderlease_change", args=["billing"]), {"token": 99}).status_code == 403
     assert LeaderLease.objects.get().token == 7
+
+
+ENDPOINTS = reverse("admin:outbox_webhookendpoint_changelist")
+
+
+@pytest.mark.django_db
+def test_an_open_circuit_is_flagged_and_reset_through_the_service_with_an_audit_entry(tenant, operator):
+    from django.utils import timezone
+
+    from hardcount.models import AuditLogEntry
+    from outbox.models import WebhookEndpoint
+
+    endpoint = make_endpoint(tenant, "https://example.com/" + "long/" * 20 + "hook")
+    emit(tenant)
+    later = timezone.now() + timedelta(minutes=5)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(circuit_open_until=later, consecutive_failures=6)
+    Delivery.objects.update(fire_after=later)
+    page = operator.get(reverse("admin:outbox_webhookendpoint_change", args=[endpoint.pk])).content.decode()
+    assert "circuit open until" in page and 'value="reset_circuit"' in page
+    assert f"Webhook endpoint {endpoint.url} ({endpoint.pk})" in page
+    assert endpoint.secret not in page and "whsec_" not in page  # the signing secret is never shown
+    listed = operator.get(ENDPOINTS, {"circuit": "open"})
+    assert [e.pk for e in listed.context["cl"].result_list] == [endpoint.pk]
+    assert endpoint.url not in listed.content.decode().replace(f'title="{endpoint.url}"', "")  # truncated
+
+    response = operator.post(
+        ENDPOINTS, {"action": "reset_circuit", "_selected_action": [endpoint.pk], "_return_to": "change"}, follow=True
+    )
+
+    assert messages_of(response) == [f"{endpoint.pk}: circuit closed; 1 waiting deliveries are due now."]
+    endpoint.refresh_from_db()
+    assert (endpoint.circuit_open_until, endpoint.consecutive_failures) == (None, 0)
+    assert Delivery.objects.get().fire_after <= timezone.now()
+    entry = AuditLogEntry.objects.get(action="webhook_endpoint.reset_circuit")
+    assert (entry.object_id, entry.actor_label) == (endpoint.pk, "operator-admin-test")
+
+
+@pytest.mark.django_db
+def test_a_disabled_endpoint_is_re_enabled_through_the_service_and_a_reset_of_it_is_refused(tenant, operator):
+    from hardcount.models import AuditLogEntry
+    from outbox.models import WebhookEndpoint
+
+    endpoint = make_endpoint(tenant, "https://example.com/gone", enabled=False, disabled_reason="410 Gone")
+
+    refused = operator.post(ENDPOINTS, {"action": "reset_circuit", "_selected_action": [endpoint.pk]}, follow=True)
+    assert "is disabled; enable it" in messages_of(refused)[0]
+    response = operator.post(ENDPOINTS, {"action": "reenable", "_selected_action": [endpoint.pk]}, follow=True)
+
+    assert messages_of(response) == [f"{endpoint.pk}: re-enabled; its circuit is closed."]
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).enabled is True
+    assert list(AuditLogEntry.objects.order_by("created_at").values_list("action", "message")) == [
+        (
+            "webhook_endpoint.reset_circuit",
+            f"Refused: Webhook endpoint {endpoint.pk} is disabled; enable it, which also closes its circuit.",
+        ),
+        ("webhook_endpoint.reenable", "Re-enabled."),
+    ]

@@ -88,16 +88,16 @@ def test_search_finds_by_subscription_id_customer_email_in_any_case_and_external
 
 
 @pytest.mark.django_db
-def test_list_shows_next_billing_failure_count_next_attempt_and_last_error(tenant, operator):
+def test_list_shows_next_billing_the_failure_state_in_words_and_last_error(tenant, operator):
     sub = rows.waiting(tenant)
 
     response = operator.get(SUBSCRIPTIONS)
 
     text = response.content.decode()
-    for column in ("next billing", "failures", "next attempt", "last error"):
+    for column in ("next billing", "billing state", "last error"):
         assert f">{column}</a>" in text.lower() or f">{column}</span>" in text.lower(), column
     assert "gateway: 503 Service Unavailable" in text
-    assert f"{sub.next_billing_attempt_at:%Y-%m-%d %H:%M}" in text
+    assert f"waiting until {sub.next_billing_attempt_at:%Y-%m-%d %H:%M} UTC · failure 2" in text
     row = response.context["cl"].result_list[0]
     assert (row.pk, row.billing_failure_count, row.billing_state) == (sub.pk, 2, "waiting")
 

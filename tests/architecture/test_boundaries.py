@@ -23,6 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     "(payments, invoices, customers), runs the dunning pass (dunning_pass, collection), and asks when a test "
     "clock's next dunning retry is due (clocks)",
     ("billing", "outbox.services"): "every billing change writes its event in the same transaction",
+    ("billing", "dunning.schedule"): "the admin's invoice page says when its dunning run retries next",
     ("dunning", "outbox.services"): "every dunning step writes its event in the same transaction",
     ("ops", "billing.metrics"): "the dashboard shows the same due and failing counts as /metrics",
     ("ops", "outbox.metrics"): "the dashboard shows the same delivery backlog as /metrics",
