@@ -276,6 +276,13 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # 3.1: full JSON Schema (propertyNames, type unions), so the document can state the API's rules exactly.
     "OAS_VERSION": "3.1.0",
+    # Blank strings stay valid, and links from each response to the operations on the resources it names
+    # (hardcount/openapi_hooks.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "hardcount.openapi_hooks.blank_strings_any_of",
+        "hardcount.openapi_hooks.add_resource_links",
+    ],
 }
 
 # Gateway (Stripe). STRIPE_API_BASE points the real stripe library at localstripe in
