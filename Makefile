@@ -42,7 +42,7 @@ test-quick: lint
 	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest -m "not system and not slow" --durations=10
 
 fuzz: $(STAMP)
-	$(VENV)/bin/pytest tests/api/test_fuzz_api.py -v
+	$(VENV)/bin/pytest tests/api/test_fuzz_api.py tests/api/test_fuzz_stateful.py -v
 
 # The guarantees of docs/reference/guarantees.md, measured: runscheduler SIGKILLed at every point of a
 # drain and inside a close, racing drains, the negative control without the unique index, webhook

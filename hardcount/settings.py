@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+from hardcount.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("HARDCOUNT_VAR_DIR", BASE_DIR / "var"))
 
@@ -99,6 +101,7 @@ if HARDCOUNT_DEVSTACK:
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "hardcount.limits.RequestLimitsMiddleware",
+    "hardcount.logs.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "hardcount.middleware.BodySizeLimitMiddleware",
@@ -280,6 +283,13 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # 3.1: full JSON Schema (propertyNames, type unions), so the document can state the API's rules exactly.
     "OAS_VERSION": "3.1.0",
+    # Blank strings stay valid, and links from each response to the operations on the resources it names
+    # (hardcount/openapi_hooks.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "hardcount.openapi_hooks.blank_strings_any_of",
+        "hardcount.openapi_hooks.add_resource_links",
+    ],
 }
 
 # Gateway (Stripe). STRIPE_API_BASE points the real stripe library at localstripe in
@@ -372,17 +382,7 @@ if HARDCOUNT_IDEMPOTENCY_RETENTION_HOURS < 24:
 HARDCOUNT_IDEMPOTENCY_PRUNE_INTERVAL_S = _env_float("HARDCOUNT_IDEMPOTENCY_PRUNE_INTERVAL_S", 300.0)
 HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH = _env_int("HARDCOUNT_IDEMPOTENCY_PRUNE_BATCH", 1000)
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("HARDCOUNT_LOG_LEVEL", "INFO")},
-    "loggers": {
-        "django.db.backends": {"level": "WARNING"},
-        # One INFO line per webhook POST and gateway call drowns the service's own log; the
-        # executor and the gateway record every attempt in the database instead.
-        "httpx": {"level": "WARNING"},
-        "stripe": {"level": "WARNING"},
-    },
-}
+# text (default) or json: one JSON object per line with the request, tenant and role (hardcount/logs.py,
+# docs/operations.md#logs).
+HARDCOUNT_LOG_FORMAT = os.environ.get("HARDCOUNT_LOG_FORMAT", "text").strip().lower()
+LOGGING = logging_config(HARDCOUNT_LOG_FORMAT, os.environ.get("HARDCOUNT_LOG_LEVEL", "INFO"))

@@ -21,8 +21,12 @@ from billing.events import ledger_entry_event
 from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer, Invoice, LedgerEntry
 from billing.services.catalog import billing_now
-from hardcount.errors import InvalidRequestError, NotFoundError
+from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.money import MAX_AMOUNT, normalize_currency
+
+# A 422 for a schema-valid body that depends on the customer's state: currency is optional only once
+# the balance has one (the OpenAPI document says so in prose).
+BUSINESS_RULE_CODES = business_rule_codes("currency_required")
 
 
 def _append_locked(
@@ -189,7 +193,7 @@ def grant_credit(
             if not customer.currency:
                 raise InvalidRequestError(
                     "The customer has no balance currency yet: give currency.",
-                    code="parameter_missing",
+                    code="currency_required",
                     param="currency",
                 )
             currency = customer.currency

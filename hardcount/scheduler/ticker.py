@@ -23,6 +23,7 @@ from django.db import DatabaseError, connection, connections
 
 from hardcount.fencing import LeaseLost
 from hardcount.logfmt import logfmt
+from hardcount.logs import bound
 from hardcount.scheduler.leadership import HeldLease, lease_store
 from hardcount.scheduler.registry import Role, TickContext, TickFailed
 
@@ -125,7 +126,8 @@ class Ticker:
                 if remaining > 0:
                     self._stop.wait(min(remaining, _LEADER_WAIT_STEP_S))
                     continue
-                succeeded = self._tick(lease)
+                with bound(role=name):
+                    succeeded = self._tick(lease)
                 wait_s = self.role.interval_s if succeeded else min(self.role.interval_s, FAILED_TICK_RETRY_S)
                 deadline = self._clock() + wait_s
         except DatabaseError as exc:
@@ -143,7 +145,8 @@ class Ticker:
         name = self.role.name
         ctx = TickContext(role=name, holder=self.holder, token=lease.token, fence=lease, stamp=lease.stamp)
         started = self._clock()
-        logger.info(logfmt("tick_started", role=name, token=lease.token))
+        # One INFO line per tick (its end); the start is a detail.
+        logger.debug(logfmt("tick_started", role=name, token=lease.token))
         try:
             counts = self.role.tick(ctx) or {}
         except LeaseLost as exc:

@@ -16,76 +16,24 @@ Two adjustments, both narrower than switching a check off:
 - Each generated ``Idempotency-Key`` gets a unique suffix: the generator reuses short
   keys across different bodies, which the API rightly answers 422 (tested on its own in
   ``test_idempotency.py``).
+
+Both live in tests/api/fuzzing.py, shared with the stateful pass (tests/api/test_fuzz_stateful.py).
 """
 
 from __future__ import annotations
 
-import itertools
-
-import pytest
 import schemathesis
-from django.core import signals
-from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from hardcount.errors import registered_business_rule_codes
 from hardcount.wsgi import application
-from outbox.services import BUSINESS_RULE_CODES as OUTBOX_BUSINESS_RULE_CODES
+from tests.api.fuzzing import AUTH_HEADERS, call_headers, fuzz_tenant, positive_data_accepted_unless_business_rule
 
-# A fixed test-mode secret, stored (as its hash) for each test by the ``fuzz_tenant`` fixture. Given to
-# schemathesis as configured headers, so it knows the credentials come from the caller.
-FUZZ_KEY = "hc_test_fuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzz"
+__all__ = ["fuzz_tenant"]  # the fixture, used by name
 
 schema = schemathesis.openapi.from_wsgi("/v1/openapi.json", application)
 schema.config.generation.update(max_examples=10)
-AUTH_HEADERS = {"Authorization": f"Bearer {FUZZ_KEY}"}
 schema.config.update(headers=AUTH_HEADERS)
-
-_unique = itertools.count()
-
-
-def _is_integral_float(case, param) -> bool:
-    # ``param`` may point inside the body: "retry_days.0" is the first entry of the retry_days array.
-    value = case.body
-    for part in (param or "").split("."):
-        if isinstance(value, dict):
-            value = value.get(part)
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return False
-    return isinstance(value, float) and value.is_integer()
-
-
-@schemathesis.check
-def positive_data_accepted_unless_business_rule(ctx, response, case):
-    """``positive_data_acceptance``, except for a 422 carrying a documented business-rule code,
-    or refusing an integer written as a float (``10.0``: JSON Schema's integer, not the API's)."""
-    if response.status_code == 422:
-        error = (response.json() or {}).get("error", {})
-        if error.get("code") in registered_business_rule_codes() | OUTBOX_BUSINESS_RULE_CODES:
-            return None
-        if error.get("code") == "parameter_not_integer" and _is_integral_float(case, error.get("param")):
-            return None
-    return positive_data_acceptance(ctx, response, case)
-
-
-@pytest.fixture
-def fuzz_tenant(db):
-    """A tenant whose test key is :data:`FUZZ_KEY`. The app runs inside the test's transaction, as
-    with Django's test client, so its per-request connection closing is switched off for the test."""
-    from hardcount.models import ApiKey, Tenant, hash_api_key
-
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        tenant = Tenant.objects.create(name="Fuzz")
-        ApiKey.objects.create(tenant=tenant, livemode=False, key_hash=hash_api_key(FUZZ_KEY), key_hint=FUZZ_KEY[:14])
-        yield tenant
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
 
 
 @schema.parametrize()
@@ -94,12 +42,9 @@ def fuzz_tenant(db):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 def test_api_answers_every_generated_request_as_documented(case, fuzz_tenant):
-    key = (case.headers or {}).get("Idempotency-Key")
-    headers = dict(AUTH_HEADERS)  # passed explicitly too, so the auth checks know the credentials are ours
-    if isinstance(key, str) and key.isascii() and key.isprintable() and 1 <= len(key) <= 255:
-        headers["Idempotency-Key"] = f"{key[:240]}-{next(_unique)}"
+    # The key is passed explicitly too, so the auth checks know the credentials are ours.
     case.call_and_validate(
-        headers=headers,
+        headers=call_headers(case),
         excluded_checks=[positive_data_acceptance],
         additional_checks=[positive_data_accepted_unless_business_rule],
     )

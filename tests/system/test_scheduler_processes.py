@@ -170,7 +170,8 @@ def test_a_leader_stopped_longer_than_the_ttl_writes_nothing_after_resuming_and_
 def test_a_drain_longer_than_twice_the_interval_keeps_the_lease_and_a_fresh_stamp(replicas, client, settings):
     settings.HARDCOUNT_ROLES = ["tests.system.roles.ScratchRole"]
     # 24 pages of 0.5 s: a 12 s tick, longer than 2 × the 1 s interval and than the 10 s TTL.
-    processes = replicas(2, SCRATCH_PAGES="24", SCRATCH_PAGE_S="0.5")
+    # DEBUG: a tick's start is logged at DEBUG (one INFO line per tick, at its end).
+    processes = replicas(2, SCRATCH_PAGES="24", SCRATCH_PAGE_S="0.5", HARDCOUNT_LOG_LEVEL="DEBUG")
     leader = leader_of(processes)
     (follower,) = [p for p in processes if p is not leader]
     first = lease("scratch")
