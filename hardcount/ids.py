@@ -34,6 +34,7 @@ PREFIXES = {
     "delivery": "whd",
     "delivery_attempt": "wha",
     "dunning_run": "dun",
+    "gateway_account": "gwacct",
 }
 
 

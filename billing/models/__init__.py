@@ -2,6 +2,7 @@
 
 from billing.models.clocks import TestClock
 from billing.models.customers import Customer, Price
+from billing.models.gateway_accounts import GatewayAccount
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
 from billing.models.ledger import LedgerEntry
 from billing.models.payments import PaymentAttempt
@@ -12,6 +13,7 @@ __all__ = [
     "BillingAttempt",
     "BillingRun",
     "Customer",
+    "GatewayAccount",
     "Invoice",
     "InvoiceCounter",
     "InvoiceLineItem",
