@@ -424,12 +424,14 @@ BACKOFF_MAX_S = 60.0
 
 @dataclass
 class _Backoff:
-    until: float  # time.monotonic()
+    until: float  # _clock()
     streak: int
 
 
 _backoffs: dict[str, _Backoff] = {}
 _backoffs_lock = threading.Lock()
+# The gate's clock (a test moves it on instead of sleeping through a Retry-After).
+_clock = time.monotonic
 
 
 def account_identity(api_key: str, stripe_account: str = "") -> str:
@@ -443,7 +445,7 @@ def backoff_remaining(account: str) -> float:
     """Seconds the ``account``'s gate stays closed (0.0: open). In-process: each process learns its own 429s."""
     with _backoffs_lock:
         backoff = _backoffs.get(account)
-        return 0.0 if backoff is None else max(0.0, backoff.until - time.monotonic())
+        return 0.0 if backoff is None else max(0.0, backoff.until - _clock())
 
 
 def backoff_delay(headers, streak: int) -> float:
@@ -471,7 +473,7 @@ def note_rate_limited(account: str, headers) -> float:
         previous = _backoffs.get(account)
         streak = (previous.streak if previous else 0) + 1
         delay = backoff_delay(headers, streak)
-        until = time.monotonic() + delay
+        until = _clock() + delay
         _backoffs[account] = _Backoff(max(until, previous.until if previous else 0.0), streak)
         return delay
 
@@ -480,7 +482,7 @@ def note_answered(account: str) -> None:
     """``account`` answered a request: the next 429 starts the exponential backoff from its base again."""
     with _backoffs_lock:
         backoff = _backoffs.get(account)
-        if backoff is not None and backoff.until <= time.monotonic():
+        if backoff is not None and backoff.until <= _clock():
             del _backoffs[account]
 
 

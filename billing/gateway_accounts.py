@@ -29,7 +29,7 @@ from django.db import transaction
 from billing import gateway as gw
 from billing import vault
 from billing.models import GatewayAccount
-from hardcount import tenancy
+from hardcount import audit, tenancy
 from hardcount.errors import InvalidRequestError, business_rule_codes
 from hardcount.times import iso
 
@@ -46,6 +46,9 @@ KEY_MODE_MISMATCH, CREDENTIALS_CHOICE, PLATFORM_MODE_MISMATCH = (
     "gateway_platform_mode_mismatch",
 )
 ERROR_CODES = business_rule_codes(KEY_MODE_MISMATCH, CREDENTIALS_CHOICE, PLATFORM_MODE_MISMATCH)
+# Every change of an account is in the audit log (API and manage.py gateway_account), never a secret.
+AUDIT_SET, AUDIT_DELETED = "gateway_account.set", "gateway_account.deleted"
+AUDIT_ACTIONS = audit.actions(AUDIT_SET, AUDIT_DELETED)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ def account_of(tenant_id: str, livemode: bool) -> GatewayAccount | None:
     tenants (the caller names the tenant)."""
     with tenancy.cross_tenant():
         return GatewayAccount.objects.filter(tenant_id=tenant_id, livemode=livemode).first()
+
+
+def every_account(using: str = "default") -> list[GatewayAccount]:
+    """Every tenant's own account, of every mode (the doctor compares each tenant in its own)."""
+    return list(GatewayAccount.objects.using(using).order_by("pk"))
 
 
 def credentials(account: GatewayAccount | None) -> tuple[str, str]:
@@ -231,7 +239,9 @@ def delete_account(*, tenant_id: str, livemode: bool) -> GatewayAccount | None:
         if account is None:
             return None
         _forget(tenant_id, livemode, account)
+        account_id = account.id
         account.delete()
+        account.id = account_id  # delete() clears it; the caller records what was removed
     return account
 
 
