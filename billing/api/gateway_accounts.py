@@ -126,7 +126,8 @@ class GatewayAccountView(ApiView):
         "mode or shape; nothing is written then.",
         tags=["gateway_account"],
         request=GatewayAccountSet,
-        responses={200: GatewayAccountOut},
+        # A body's errors, which the schema class documents for POST only.
+        responses={200: GatewayAccountOut, 400: ERROR, 413: ERROR, 415: ERROR, 422: ERROR},
     )
     def put(self, request):
         return self._set(request)
