@@ -15,6 +15,7 @@ from billing import gateway_accounts as accounts
 from billing.models import Invoice, PaymentAttempt, Subscription
 from billing.services.drain import drain_due
 from tests.billing.conftest import events
+from tests.dunning.conftest import DAY, decline
 
 KEY_A = "sk_test_stormyAaaaaaaaaaaaaaaaaaa0001"
 KEY_B = "sk_test_calmBbbbbbbbbbbbbbbbbbbbbb0002"
@@ -123,6 +124,33 @@ def test_a_429_is_never_a_ladder_failure_even_when_the_gate_was_open(book, strip
     assert run.failed == 0
     # No Retry-After: the first backoff is the base, BACKOFF_BASE_S.
     assert 0 < gw.backoff_remaining(gw.get_gateway().account) <= gw.BACKOFF_BASE_S
+
+
+def test_a_dunning_retry_that_meets_a_429_waits_for_the_gate_without_an_error_or_a_retry_used(
+    book, stripe_proxy, monkeypatch
+):
+    from datetime import timedelta
+
+    from billing.services.dunning_pass import process_due
+    from dunning.models import DunningRun
+
+    declined = decline(book, book.tenant())
+    stripe_proxy.fail_next("429", match="/confirm", retry_after_s=RETRY_AFTER_S)
+
+    assert process_due(livemode=False, as_of=declined.at + DAY) == 1
+
+    run = DunningRun.objects.get(pk=declined.run.pk)
+    wait = run.next_attempt_at - (declined.at + DAY)
+    assert timedelta(seconds=RETRY_AFTER_S - 5) < wait <= timedelta(seconds=RETRY_AFTER_S)
+    assert run.last_error == ""
+    now = gw._clock()
+    monkeypatch.setattr(gw, "_clock", lambda: now + RETRY_AFTER_S + 1)
+    assert process_due(livemode=False, as_of=run.next_attempt_at) == 1
+
+    run.refresh_from_db()
+    keys = [e.request.idempotency_key for e in stripe_proxy.entries("/confirm")]
+    assert keys == [f"hc:{declined.invoice.id}:attempt:2"] * 2  # the same request, re-sent
+    assert (run.retries_done, run.next_attempt_at) == (1, declined.at + 3 * DAY)  # the decline used the one retry
 
 
 @pytest.mark.parametrize(
