@@ -19,6 +19,7 @@ from billing.models import (
     BillingAttempt,
     BillingRun,
     Customer,
+    GatewayAccount,
     Invoice,
     InvoiceCounter,
     InvoiceLineItem,
@@ -653,3 +654,14 @@ class TestClockAdmin(ReadOnlyAdmin):
     list_filter = ("status", "tenant")
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "name")
+
+
+@admin.register(GatewayAccount)
+class GatewayAccountAdmin(ReadOnlyAdmin):
+    """A tenant's own Stripe account, without its secrets: the key masked, the signing secret never shown."""
+
+    fields = ("id", "tenant", "livemode", "key_hint", "connect_account", "slug", "created_at", "updated_at")
+    list_display = ("id", "tenant", "livemode", "key_hint", "connect_account", "updated_at")
+    list_filter = ("livemode",)
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "tenant__id__exact", "connect_account__exact")

@@ -72,7 +72,11 @@ def _platform_livemode() -> bool:
 
 
 def webhook_account(slug: str) -> WebhookAccount | None:
-    """The account whose webhook URL ends in ``slug``, or None when there is none (a 404)."""
+    """The account whose webhook URL ends in ``slug``, or None when there is none (a 404).
+
+    Raises :class:`billing.vault.SecretUnreadable` when the account's signing secret decrypts under
+    no configured key (answer as for an unverifiable signature; the message names no secret).
+    """
     if slug == PLATFORM_SLUG:
         if not settings.STRIPE_WEBHOOK_SECRET:
             return None

@@ -69,6 +69,12 @@ def test_set_retrieve_and_remove_show_the_key_masked_and_never_a_secret(api):
     assert delete(api)[0] == 404
 
 
+def test_the_documented_shape_is_the_answers(api):
+    from billing.api.gateway_accounts import GatewayAccountOut
+
+    assert set(GatewayAccountOut().fields) == set(put(api, valid())[1])
+
+
 def test_post_sets_it_too_and_its_idempotency_record_holds_no_secret(api, acme):
     status, body = api.post("/v1/gateway_account", valid(), headers={"Idempotency-Key": "set-account-1"})
     assert status == 200
@@ -195,16 +201,20 @@ def test_no_row_of_any_table_holds_a_secret_in_clear(api, live_api):
     assert _tables_holding([SECRET_KEY[:40]]) == [("billing_gatewayaccount", SECRET_KEY[:8])]
 
 
-def test_the_admin_shows_no_secret_and_no_gateway_account_page(api, acme):
+def test_the_admin_shows_the_account_masked_and_no_secret(api, acme):
     put(api, valid())
+    account = GatewayAccount.objects.get()
     client = Client()
     client.force_login(User.objects.create_superuser("gwacct-admin", "gw@example.com", "pw-for-tests-only"))
     index = client.get("/admin/")
     assert index.status_code == 200
     pages = sorted(set(re.findall(r'href="(/admin/[a-z_]+/[a-z_]+/)"', index.content.decode())))
-    assert pages and not any("gatewayaccount" in page for page in pages)
-    for page in [*pages, f"/admin/hardcount/tenant/{acme.tenant.pk}/change/"]:
+    assert "/admin/billing/gatewayaccount/" in pages
+    detail = f"/admin/billing/gatewayaccount/{account.pk}/change/"
+    for page in [*pages, detail, f"/admin/hardcount/tenant/{acme.tenant.pk}/change/"]:
         response = client.get(page)
         assert response.status_code == 200, page
-        assert not any(secret in response.content.decode() for secret in SECRETS), page
-    assert client.get("/admin/billing/gatewayaccount/").status_code == 404
+        content = response.content.decode()
+        assert not any(secret in content for secret in SECRETS), page
+        assert account.secret_key not in content and account.webhook_secret not in content, page  # nor the tokens
+    assert "sk_test_…wxyz" in client.get(detail).content.decode()
