@@ -6,6 +6,7 @@ from django.apps import apps
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.gateway_accounts import set_account
 from billing.models import TestClock
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
@@ -39,6 +40,12 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     ratelimit.take(api_key_id=key.pk, tenant_id=tenant.id, bucket="read")
     audit.record(audit.API_KEY_ISSUED, obj=key, actor=audit.Actor.cli(), message=f"Issued {key}.")
     IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="k1", request_fingerprint="f" * 64)
+    set_account(
+        tenant_id=tenant.id,
+        livemode=True,
+        secret_key="sk_live_pagesTest00000000000000001",
+        webhook_secret="whsec_pagesTest00000000000000001",
+    )
 
     for app in APPS:
         for model in apps.get_app_config(app).get_models():
