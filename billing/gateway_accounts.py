@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -100,10 +101,12 @@ def webhook_account(slug: str) -> WebhookAccount | None:
     )
 
 
-# (tenant_id, livemode) -> ((account id, updated_at), gateway): a row unchanged since keeps its client,
-# so a charge costs one indexed read and no decryption; a changed row (here or in another process) is
-# read again.
-_bound: dict[tuple[str, bool], tuple[tuple[str, datetime], gw.Gateway]] = {}
+# (tenant_id, livemode) -> (read at, (account id, updated_at) or None, gateway): an answer younger than
+# ACCOUNT_CACHE_S is reused without a query (a charge's close costs no statement for it); an older one
+# is read again, and a row unchanged since keeps its client (no decryption). Set and delete drop the
+# entry at once in their own process; another process follows within ACCOUNT_CACHE_S.
+ACCOUNT_CACHE_S = 5.0
+_bound: dict[tuple[str, bool], tuple[float, tuple[str, datetime] | None, gw.Gateway | None]] = {}
 _bound_lock = threading.Lock()
 
 
@@ -134,22 +137,30 @@ def credentials(account: GatewayAccount | None) -> tuple[str, str]:
 def gateway_for(tenant_id: str, livemode: bool) -> gw.Gateway:
     """The gateway that charges ``tenant_id``'s customers in ``livemode``: its own account, else the platform's.
 
+    The answer is kept :data:`ACCOUNT_CACHE_S` seconds per process (a change made elsewhere is
+    followed within that time; one made here at once).
+
     Raises :class:`billing.vault.SecretUnreadable` when the tenant's key cannot be decrypted
     (the charge fails rather than going to another account).
     """
+    key = (tenant_id, livemode)
+    with _bound_lock:
+        cached = _bound.get(key)
+    now = time.monotonic()
+    if cached is not None and now - cached[0] < ACCOUNT_CACHE_S:
+        return cached[2] or gw.get_gateway()
     account = account_of(tenant_id, livemode)
+    version = None if account is None else (account.id, account.updated_at)
     if account is None:
-        return gw.get_gateway()
-    version = (account.id, account.updated_at)
+        gateway = None
+    elif cached is not None and cached[1] == version and cached[2] is not None:
+        gateway = cached[2]
+    else:
+        api_key, stripe_account = credentials(account)
+        gateway = gw.gateway_client(api_key=api_key, stripe_account=stripe_account)
     with _bound_lock:
-        cached = _bound.get((tenant_id, livemode))
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    api_key, stripe_account = credentials(account)
-    gateway = gw.gateway_client(api_key=api_key, stripe_account=stripe_account)
-    with _bound_lock:
-        _bound[(tenant_id, livemode)] = (version, gateway)
-    return gateway
+        _bound[key] = (now, version, gateway)
+    return gateway or gw.get_gateway()
 
 
 def _forget(tenant_id: str, livemode: bool, account: GatewayAccount | None) -> None:
@@ -223,10 +234,9 @@ def set_account(
     with transaction.atomic():
         account = GatewayAccount.objects.select_for_update().filter(tenant_id=tenant_id, livemode=livemode).first()
         created = account is None
+        _forget(tenant_id, livemode, account)
         if created:
             account = GatewayAccount(tenant_id=tenant_id, livemode=livemode)
-        else:
-            _forget(tenant_id, livemode, account)
         account.secret_key = vault.encrypt(secret_key)
         account.key_hint = mask(secret_key) if secret_key else ""
         account.connect_account = connect_account
