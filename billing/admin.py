@@ -23,6 +23,7 @@ from billing.models import (
     BillingAttempt,
     BillingRun,
     Customer,
+    GatewayAccount,
     Invoice,
     InvoiceCounter,
     InvoiceItem,
@@ -1159,3 +1160,14 @@ class StripeEventAdmin(ReadOnlyAdmin):
     @admin.display(description="invoice")
     def invoice_link(self, event: StripeEvent):
         return id_link(Invoice, event.invoice_id)
+
+
+@admin.register(GatewayAccount)
+class GatewayAccountAdmin(ReadOnlyAdmin):
+    """A tenant's own Stripe account, without its secrets: the key masked, the signing secret never shown."""
+
+    fields = ("id", "tenant", "livemode", "key_hint", "connect_account", "slug", "created_at", "updated_at")
+    list_display = ("id", "tenant", "livemode", "key_hint", "connect_account", "updated_at")
+    list_filter = ("livemode",)
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "tenant__id__exact", "connect_account__exact")

@@ -29,6 +29,14 @@ Outcomes of a charge, told apart by the exception classes the library raises:
 - ``error``: anything else (5xx, 429, other 4xx, authentication). A 5xx, 409 or 429, or no
   HTTP status at all, is *transient*: the next try re-sends the same request under the same key
   (Stripe replays a stored result, or runs a request that never ran). Other 4xx are final.
+  A 429 is also ``rate_limited``: the account's backoff gate (:func:`backoff_remaining`) closes
+  for its ``Retry-After`` and every charge of that account in the meantime is answered
+  ``rate_limited`` without a request; it is never a billing failure
+  (docs/decisions/0133-gateway-rate-limits.md).
+
+Each :class:`Gateway` is bound to one account: a secret key, or the platform key with a Connect
+account id sent as ``Stripe-Account`` (:func:`gateway_client`; which account a tenant uses is
+:mod:`billing.gateway_accounts`).
 
 Stripe forgets a key once it is 24 hours old (https://docs.stripe.com/api/idempotent_requests):
 a re-send after that runs as a new request, a second PaymentIntent. :meth:`Gateway.look_up`
@@ -46,6 +54,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import stripe
@@ -106,6 +115,7 @@ class ChargeRequest:
     idempotency_key: str
     payment_intent_id: str = ""
     tenant_id: str = ""
+    livemode: bool = False
 
 
 @dataclass
@@ -118,6 +128,8 @@ class ChargeResult:
     (``processing`` or ``requires_action``: the payment finishes later, :attr:`pending`).
     ``client_secret`` and ``next_action`` are the PaymentIntent's when it requires action: what
     the tenant's page needs to let the customer authenticate.
+    ``rate_limited``: the account answered 429, or its backoff gate was closed and nothing was
+    sent; ``retry_after_s`` is then how long the gate stays closed (seconds).
     """
 
     outcome: str
@@ -130,6 +142,8 @@ class ChargeResult:
     payment_method_attached: bool = False
     client_secret: str = ""
     next_action: dict | None = None
+    rate_limited: bool = False
+    retry_after_s: float | None = None
 
     @property
     def pending(self) -> bool:
@@ -144,16 +158,42 @@ class ChargeResult:
 
 
 class Gateway:
-    """A Stripe client bound to one API base, key and timeout. Thread-safe."""
+    """A Stripe client bound to one API base, account and timeout. Thread-safe.
 
-    def __init__(self, *, api_key: str, api_base: str, timeout_s: float):
+    The account is ``api_key``'s, or with ``stripe_account`` (``acct_…``) that Connect account,
+    reached with the platform's ``api_key`` (https://docs.stripe.com/connect/authentication).
+    """
+
+    def __init__(self, *, api_key: str, api_base: str, timeout_s: float, stripe_account: str = ""):
         base_addresses = {"api": api_base} if api_base else None
+        self.account = account_identity(api_key, stripe_account)
         self._client = stripe.StripeClient(
             api_key,
+            stripe_account=stripe_account or None,
             base_addresses=base_addresses,
             max_network_retries=0,
             http_client=stripe.HTTPXClient(timeout=timeout_s, allow_sync_methods=True),
         )
+
+    def _gate_closed(self, req: ChargeRequest, outcome: str) -> ChargeResult | None:
+        """The answer to ``req`` while this account backs off (nothing sent), or None when the gate is open."""
+        remaining = backoff_remaining(self.account)
+        if remaining <= 0:
+            return None
+        return ChargeResult(
+            outcome=outcome,
+            http_status=429,
+            rate_limited=True,
+            retry_after_s=remaining,
+            error_message=f"rate limited: the gateway account backs off for {remaining:.1f} s; not sent",
+            gateway_customer_id=req.gateway_customer_id,
+            payment_intent_id=req.payment_intent_id,
+        )
+
+    def _rate_limited(self, exc: stripe.StripeError, result: ChargeResult) -> None:
+        """Mark ``result`` of a 429 answer and close this account's gate for its ``Retry-After``."""
+        result.rate_limited = True
+        result.retry_after_s = note_rate_limited(self.account, exc.headers or {})
 
     # --- customers ----------------------------------------------------------------------------------------------
 
@@ -183,7 +223,14 @@ class Gateway:
     # --- charges ------------------------------------------------------------------------------------------------
 
     def charge(self, req: ChargeRequest) -> ChargeResult:
-        """Send ``req`` and classify the answer; never raises for gateway failures."""
+        """Send ``req`` and classify the answer; never raises for gateway failures.
+
+        While the account backs off after a 429 nothing is sent: the answer is a ``rate_limited``
+        error (status 429), as if Stripe had refused it again.
+        """
+        closed = self._gate_closed(req, ERROR)
+        if closed is not None:
+            return closed
         result = ChargeResult(outcome=ERROR, gateway_customer_id=req.gateway_customer_id)
         try:
             result.gateway_customer_id = self.ensure_customer(req)
@@ -227,7 +274,10 @@ class Gateway:
             result.http_status = exc.http_status
             result.error_message = f"{type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
             result.payment_intent_id = req.payment_intent_id
+            if exc.http_status == 429:
+                self._rate_limited(exc, result)
             return result
+        note_answered(self.account)
         _classify(intent, result)
         return result
 
@@ -265,8 +315,12 @@ class Gateway:
         with ``http_status`` 200, so the next try takes a new attempt (and, with no PaymentIntent,
         a new create key). Several found: a succeeded one wins, then a processing one, then the
         newest. A lookup that gets no answer, or an error, proves nothing: ``unknown`` (with the
-        error's ``http_status``), so the attempt stays open and the next try looks up again.
+        error's ``http_status``), so the attempt stays open and the next try looks up again; a
+        429, or a closed backoff gate, is also ``rate_limited``.
         """
+        closed = self._gate_closed(req, UNKNOWN)
+        if closed is not None:
+            return closed
         result = ChargeResult(outcome=ERROR, gateway_customer_id=req.gateway_customer_id)
         try:
             if req.payment_intent_id:
@@ -289,7 +343,10 @@ class Gateway:
             result.http_status = exc.http_status
             result.error_message = f"lookup, {type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
             result.payment_intent_id = req.payment_intent_id
+            if exc.http_status == 429:
+                self._rate_limited(exc, result)
             return result
+        note_answered(self.account)
         result.http_status = 200
         if not intents:
             result.error_message = f"lookup: no PaymentIntent at the gateway for invoice {req.invoice_id}"
@@ -390,15 +447,113 @@ def _classify(intent, result: ChargeResult) -> None:
         result.error_message = f"PaymentIntent status {intent.status}"
 
 
-_gateways: dict[tuple[str, str, float], Gateway] = {}
+# --- the per-account backoff gate (docs/decisions/0133-gateway-rate-limits.md) ------------------------------------
+
+# Without a Retry-After, the gate closes for BACKOFF_BASE_S doubled per 429 in a row, at most BACKOFF_MAX_S;
+# a Retry-After is honoured up to BACKOFF_MAX_S. Stripe-Should-Retry: false closes it for BACKOFF_MAX_S.
+BACKOFF_BASE_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+
+@dataclass
+class _Backoff:
+    until: float  # _clock()
+    streak: int
+
+
+_backoffs: dict[str, _Backoff] = {}
+_backoffs_lock = threading.Lock()
+# The gate's clock (a test moves it on instead of sleeping through a Retry-After).
+_clock = time.monotonic
+
+
+def account_identity(api_key: str, stripe_account: str = "") -> str:
+    """The name of the account a client acts as: the Connect id, else a digest of the key (never the key)."""
+    if stripe_account:
+        return stripe_account
+    return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def backoff_remaining(account: str) -> float:
+    """Seconds the ``account``'s gate stays closed (0.0: open). In-process: each process learns its own 429s."""
+    with _backoffs_lock:
+        backoff = _backoffs.get(account)
+        return 0.0 if backoff is None else max(0.0, backoff.until - _clock())
+
+
+def backoff_delay(headers, streak: int) -> float:
+    """How long a 429 closes the gate (seconds), from its headers and the 429s in a row (``streak`` ≥ 1).
+
+    ``Retry-After`` in seconds wins (capped at :data:`BACKOFF_MAX_S`); ``Stripe-Should-Retry:
+    false`` means not soon, :data:`BACKOFF_MAX_S`; else exponential from :data:`BACKOFF_BASE_S`
+    (https://docs.stripe.com/rate-limits#handling-limiting-gracefully).
+    """
+    lowered = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+    try:
+        retry_after = float(lowered.get("retry-after", ""))
+    except ValueError:
+        retry_after = None
+    if retry_after is not None and retry_after >= 0:
+        return min(retry_after, BACKOFF_MAX_S)
+    if lowered.get("stripe-should-retry", "").strip().lower() == "false":
+        return BACKOFF_MAX_S
+    return min(BACKOFF_BASE_S * 2 ** (streak - 1), BACKOFF_MAX_S)
+
+
+def note_rate_limited(account: str, headers) -> float:
+    """Close ``account``'s gate after a 429 with ``headers``; returns the seconds it stays closed."""
+    with _backoffs_lock:
+        previous = _backoffs.get(account)
+        streak = (previous.streak if previous else 0) + 1
+        delay = backoff_delay(headers, streak)
+        until = _clock() + delay
+        _backoffs[account] = _Backoff(max(until, previous.until if previous else 0.0), streak)
+        return delay
+
+
+def note_answered(account: str) -> None:
+    """``account`` answered a request: the next 429 starts the exponential backoff from its base again."""
+    with _backoffs_lock:
+        backoff = _backoffs.get(account)
+        if backoff is not None and backoff.until <= _clock():
+            del _backoffs[account]
+
+
+def clear_backoffs() -> None:
+    """Open every gate (tests; an operator's console)."""
+    with _backoffs_lock:
+        _backoffs.clear()
+
+
+# --- clients --------------------------------------------------------------------------------------------------------
+
+_gateways: dict[tuple[str, str, str, float], Gateway] = {}
 _gateways_lock = threading.Lock()
 
 
-def get_gateway() -> Gateway:
-    """The gateway for the current settings (one client per API base, key and timeout)."""
-    key = (settings.STRIPE_API_KEY, settings.STRIPE_API_BASE, float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
+def gateway_client(*, api_key: str, stripe_account: str = "") -> Gateway:
+    """The cached gateway of one account (``api_key``, or the platform key and ``stripe_account``) under the
+    current ``STRIPE_API_BASE`` and timeout: one client per (key, account, base, timeout)."""
+    key = (api_key, stripe_account, settings.STRIPE_API_BASE, float(settings.HARDCOUNT_GATEWAY_TIMEOUT_S))
     with _gateways_lock:
         gateway = _gateways.get(key)
         if gateway is None:
-            gateway = _gateways[key] = Gateway(api_key=key[0], api_base=key[1], timeout_s=key[2])
+            gateway = _gateways[key] = Gateway(api_key=key[0], stripe_account=key[1], api_base=key[2], timeout_s=key[3])
         return gateway
+
+
+def forget_clients(*, api_key: str = "", stripe_account: str = "") -> None:
+    """Drop the cached clients of an account whose key or Connect id changed or was removed."""
+    with _gateways_lock:
+        for key in [
+            k
+            for k in _gateways
+            if (api_key and k[0] == api_key and not k[1]) or (stripe_account and k[1] == stripe_account)
+        ]:
+            del _gateways[key]
+
+
+def get_gateway() -> Gateway:
+    """The platform account's gateway (``settings.STRIPE_API_KEY``). A tenant's charges use
+    :func:`billing.gateway_accounts.gateway_for` instead."""
+    return gateway_client(api_key=settings.STRIPE_API_KEY)

@@ -23,11 +23,12 @@ from typing import Any
 
 import stripe
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 
 from billing import gateway as gw
 from billing.events import charge_event
 from billing.gateway_accounts import WebhookAccount, gateway_for
-from billing.models import Invoice, StripeEvent
+from billing.models import GatewayAccount, Invoice, StripeEvent
 from billing.services.payments import PaymentIntentEffect, billing_time, invoice_clock_id, record_payment_intent
 from hardcount import tenancy
 
@@ -197,12 +198,16 @@ def _invoice_of(account: WebhookAccount, payment_intent_id: str, metadata: dict)
     Found by the invoice's PaymentIntent id, else by the PaymentIntent's ``hardcount_invoice``
     metadata (a create whose answer was not recorded yet), which must agree with its
     ``hardcount_tenant`` and with an invoice that has no other PaymentIntent. A tenant's own
-    account touches that tenant's invoices only; the platform account (``tenant_id`` None) those
-    of tenants it charges: today every tenant (:func:`billing.gateway_accounts.gateway_for`).
+    account touches that tenant's invoices of its mode only; the platform account (``tenant_id``
+    None) those it charges: of every tenant and mode without an account of its own
+    (:func:`billing.gateway_accounts.gateway_for`).
     """
     invoices = Invoice.objects.all()
     if account.tenant_id is not None:
-        invoices = invoices.filter(tenant_id=account.tenant_id)
+        invoices = invoices.filter(tenant_id=account.tenant_id, livemode=account.livemode)
+    else:
+        own_account = GatewayAccount.objects.filter(tenant_id=OuterRef("tenant_id"), livemode=OuterRef("livemode"))
+        invoices = invoices.exclude(Exists(own_account))
     if payment_intent_id:
         invoice = invoices.filter(payment_intent_id=payment_intent_id).first()
         if invoice is not None:

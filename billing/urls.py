@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import catalog, clocks, payments, runs
+from billing.api import catalog, clocks, gateway_accounts, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -30,6 +30,8 @@ urlpatterns = [
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
     path("invoiceitems", payments.InvoiceItemListView.as_view(), name="invoice-items"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
+    # The caller's own Stripe account (billing/api/gateway_accounts.py).
+    path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
     # Test clocks (billing/api/clocks.py).
     path("test_clocks", clocks.TestClockListView.as_view(), name="test-clocks"),
     path("test_clocks/<str:id>", clocks.TestClockDetailView.as_view(), name="test-clock"),

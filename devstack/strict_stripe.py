@@ -12,7 +12,16 @@ layer does (https://docs.stripe.com/api/idempotent_requests; docs/decisions/0124
   ``idempotency_error``; a second request while the first with that key is still in flight is
   answered ``409`` with an ``idempotency_error``;
 - an injected ``500``/``429`` is answered *before* forwarding and is not stored (a front-end
-  failure: the endpoint never ran, so Stripe saves nothing and a same-key retry runs it);
+  failure: the endpoint never ran, so Stripe saves nothing and a same-key retry runs it); a 429
+  carries ``Retry-After`` (``retry_after_s``, default 1 s);
+- objects belong to accounts, as at Stripe: the account of a request is its ``Stripe-Account``
+  header (a Connect account), else its secret key (:attr:`ProxyRequest.account`); every object a
+  forwarded POST answers with is recorded as created by that account (:meth:`StrictStripe.owner_of`),
+  and a request from another account that names it (in the path, the query or the body) is
+  answered ``404 resource_missing`` without forwarding, as Stripe answers for an object of
+  another account; lists leave out other accounts' objects. Objects the proxy never saw created
+  (payment methods a test makes straight at localstripe) belong to no account and are shared.
+  The map is in memory: a restarted proxy forgets it;
 - with ``store_path``, every stored response is appended to that file (one JSON line, with the
   time the key was first seen) before the client gets it, and the file is read back on start:
   a restarted dev stack still replays what its localstripe store remembers.
@@ -60,6 +69,8 @@ Standard library only: this module must run without Django's settings.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import hashlib
 import hmac
 import http.client
@@ -86,12 +97,27 @@ DEFAULT_KEY_TTL_S = 24 * 3600.0
 
 @dataclass(frozen=True)
 class ProxyRequest:
-    """One request as the proxy saw it (``idempotency_key`` is None except on POST)."""
+    """One request as the proxy saw it (``idempotency_key`` is None except on POST).
+
+    ``account`` is the account it acts as: its ``Stripe-Account`` header (``acct_…``), else the
+    secret key of its ``Authorization`` (``""``: none).
+    """
 
     method: str
     path: str
     body: bytes
     idempotency_key: str | None
+    account: str = ""
+
+    @property
+    def referenced_ids(self) -> list[str]:
+        """Every path segment, query value and form value: the object ids the request may name."""
+        parts = urlsplit(self.path)
+        values = [seg for seg in parts.path.split("/") if seg]
+        values += [v for _, v in parse_qsl(parts.query, keep_blank_values=True)]
+        if self.method == "POST":
+            values += [v for _, v in parse_qsl(self.body.decode(errors="replace"), keep_blank_values=True)]
+        return values
 
     @property
     def params(self) -> dict[str, str]:
@@ -111,13 +137,45 @@ class _Fault:
     match: Callable[[ProxyRequest], bool]
     hold_s: float
     delay_s: float
+    retry_after_s: float | None = None
+
+
+def account_of(headers) -> str:
+    """The account a request acts as: ``Stripe-Account``, else the bearer (or basic-auth) key; ``""`` for none."""
+    connect = (headers.get("Stripe-Account") or "").strip()
+    if connect:
+        return connect
+    scheme, _, credential = (headers.get("Authorization") or "").partition(" ")
+    if scheme == "Bearer":
+        return credential.strip()
+    if scheme == "Basic":
+        try:
+            return base64.b64decode(credential.strip()).decode().split(":", 1)[0]
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+    return ""
+
+
+def _owned_objects(value) -> list[tuple[str, str]]:
+    """``(id, object)`` of every Stripe object in a JSON answer, nested ones included (lists are not objects)."""
+    found: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        if isinstance(value.get("id"), str) and isinstance(value.get("object"), str) and value["object"] != "list":
+            found.append((value["id"], value["object"]))
+        for item in value.values():
+            found.extend(_owned_objects(item))
+    elif isinstance(value, list):
+        for item in value:
+            found.extend(_owned_objects(item))
+    return found
 
 
 @dataclass
 class LogEntry:
     """What the proxy did with one request: ``action`` is ``forwarded``, ``replayed``,
     ``conflict``, ``in_flight``, ``truncated`` (the body never fully arrived: dropped unforwarded),
-    ``upstream_error`` or a fault kind; ``status`` what the client got (None: nothing)."""
+    ``foreign`` (it named another account's object: 404, not forwarded), ``upstream_error`` or a
+    fault kind; ``status`` what the client got (None: nothing)."""
 
     request: ProxyRequest
     action: str
@@ -250,6 +308,8 @@ class StrictStripe:
         self._key_file = KeyFile(store_path) if store_path is not None else None
         self._stored: dict[str, _Stored] = {}
         self._in_flight: set[str] = set()
+        # object id -> (account that created it, object type)
+        self._owners: dict[str, tuple[str, str]] = {}
         self.log: list[LogEntry] = []
         self.webhooks: WebhookSender | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -271,13 +331,17 @@ class StrictStripe:
         match: str | Callable[[ProxyRequest], bool] | None = None,
         hold_s: float = 3.0,
         delay_s: float = 0.5,
+        account: str | None = None,
+        retry_after_s: float | None = 1.0,
     ) -> None:
         """Arm ``kind`` (one of :data:`FAULT_KINDS`) for the next ``times`` matching requests.
 
         ``match``: None (every request), a substring of ``"METHOD /path"`` such as
-        ``"POST /v1/payment_intents"``, or a predicate. ``hold_s`` is how long a timeout holds
-        the connection (make it longer than the client's timeout). Raises ``ValueError`` for an
-        unknown kind.
+        ``"POST /v1/payment_intents"``, or a predicate. ``account``: only requests of that
+        account (:attr:`ProxyRequest.account`, a key or an ``acct_…`` id). ``hold_s`` is how long
+        a timeout holds the connection (make it longer than the client's timeout).
+        ``retry_after_s``: the ``Retry-After`` of an injected 429 (None: no header). Raises
+        ``ValueError`` for an unknown kind.
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault {kind!r}")
@@ -287,8 +351,10 @@ class StrictStripe:
             predicate = lambda r, s=match: s in r.line  # noqa: E731
         else:
             predicate = match
+        if account is not None:
+            predicate = lambda r, p=predicate, a=account: r.account == a and p(r)  # noqa: E731
         with self._lock:
-            self._faults.append(_Fault(kind, times, predicate, hold_s, delay_s))
+            self._faults.append(_Fault(kind, times, predicate, hold_s, delay_s, retry_after_s))
 
     def clear(self) -> None:
         """Disarm every fault and forget the log (stored idempotent responses are kept, as in Stripe)."""
@@ -394,6 +460,50 @@ class StrictStripe:
             self._observe(payload)
         return json.loads(payload)
 
+    def owner_of(self, object_id: str) -> str | None:
+        """The account (key or ``acct_…``) that created ``object_id`` through the proxy; None when none did."""
+        with self._lock:
+            owner = self._owners.get(object_id)
+        return owner[0] if owner else None
+
+    def objects_of(self, account: str) -> dict[str, str]:
+        """The objects ``account`` created through the proxy: id -> object type."""
+        with self._lock:
+            return {oid: kind for oid, (owner, kind) in self._owners.items() if owner == account}
+
+    def _foreign_reference(self, req: ProxyRequest) -> tuple[str, str] | None:
+        """``(id, object)`` of the first object another account owns that ``req`` names, or None."""
+        with self._lock:
+            for value in req.referenced_ids:
+                owner = self._owners.get(value)
+                if owner is not None and owner[0] != req.account:
+                    return value, owner[1]
+        return None
+
+    def _claim(self, req: ProxyRequest, payload: bytes) -> None:
+        """Record the objects a forwarded POST answered with as ``req.account``'s (first creator wins)."""
+        answer = _json(payload)
+        if answer is None or not req.account:
+            return
+        with self._lock:
+            for object_id, kind in _owned_objects(answer):
+                self._owners.setdefault(object_id, (req.account, kind))
+
+    def _own_list(self, req: ProxyRequest, payload: bytes) -> bytes:
+        """A list answer without the objects of other accounts (others unchanged)."""
+        answer = _json(payload)
+        if answer is None or answer.get("object") != "list" or not isinstance(answer.get("data"), list):
+            return payload
+        with self._lock:
+            kept = [
+                item
+                for item in answer["data"]
+                if not (isinstance(item, dict) and self._owners.get(item.get("id"), (req.account,))[0] != req.account)
+            ]
+        if len(kept) == len(answer["data"]):
+            return payload
+        return json.dumps({**answer, "data": kept}).encode()
+
     def stored_keys(self) -> dict[str, float]:
         """Every remembered key with the wall-clock time it was first seen (expired ones included until used)."""
         with self._lock:
@@ -480,7 +590,13 @@ class StrictStripe:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else b""
         key = handler.headers.get("Idempotency-Key")
-        req = ProxyRequest(handler.command, handler.path, body, key if handler.command == "POST" else None)
+        req = ProxyRequest(
+            handler.command,
+            handler.path,
+            body,
+            key if handler.command == "POST" else None,
+            account_of(handler.headers),
+        )
         if len(body) < length:
             # The client died while sending (e.g. SIGKILLed between headers and body): like any
             # HTTP server, Stripe never runs a request whose body did not arrive, and stores
@@ -496,7 +612,11 @@ class StrictStripe:
             type_ = "api_error" if status == 500 else "invalid_request_error"
             code = None if status == 500 else "rate_limit"
             self._record(LogEntry(req, fault.kind, status))
-            self._send(handler, status, _error_body(status, type_, f"injected {status}", code), "application/json")
+            headers = (
+                {"Retry-After": f"{fault.retry_after_s:g}"} if status == 429 and fault.retry_after_s is not None else {}
+            )
+            body = _error_body(status, type_, f"injected {status}", code)
+            self._send(handler, status, body, "application/json", headers=headers)
             return
         if fault and fault.kind == "timeout":
             self._record(LogEntry(req, "timeout", None))
@@ -505,6 +625,14 @@ class StrictStripe:
             return
         if fault and fault.kind == "delay":
             time.sleep(fault.delay_s)
+
+        foreign = self._foreign_reference(req)
+        if foreign is not None:
+            object_id, kind = foreign
+            self._record(LogEntry(req, "foreign", 404))
+            missing = _error_body(404, "invalid_request_error", f"No such {kind}: '{object_id}'", "resource_missing")
+            self._send(handler, 404, missing, "application/json")
+            return
 
         if req.idempotency_key:
             replay = self._idempotent(req)
@@ -523,6 +651,11 @@ class StrictStripe:
             self._record(LogEntry(req, "upstream_error", 502))
             self._send(handler, 502, _error_body(502, "api_error", f"upstream unreachable: {exc}"), "application/json")
             return
+        if req.method == "POST":
+            # A declined create answers 402 with the PaymentIntent it made inside the error: claimed too.
+            self._claim(req, payload)
+        elif req.method == "GET" and status == 200:
+            payload = self._own_list(req, payload)
         if req.idempotency_key:
             entry = _Stored(_fingerprint(req), status, payload, ctype, seen_at)
             with self._lock:
@@ -587,10 +720,18 @@ class StrictStripe:
 
     @staticmethod
     def _send(
-        handler: BaseHTTPRequestHandler, status: int, payload: bytes, ctype: str, *, replayed: bool = False
+        handler: BaseHTTPRequestHandler,
+        status: int,
+        payload: bytes,
+        ctype: str,
+        *,
+        replayed: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         try:
             handler.send_response(status)
+            for name, value in (headers or {}).items():
+                handler.send_header(name, value)
             handler.send_header("Content-Type", ctype)
             handler.send_header("Content-Length", str(len(payload)))
             handler.send_header("Request-Id", "req_proxy")

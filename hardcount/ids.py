@@ -36,6 +36,7 @@ PREFIXES = {
     "delivery": "whd",
     "delivery_attempt": "wha",
     "dunning_run": "dun",
+    "gateway_account": "gwacct",
 }
 
 

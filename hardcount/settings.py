@@ -57,6 +57,26 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "")
 ALLOWED_HOSTS = [
     h for h in os.environ.get("HARDCOUNT_ALLOWED_HOSTS", "" if HARDCOUNT_PRODUCTION else "*").split(",") if h
 ]
+# Fernet keys (url-safe base64 of 32 bytes, comma-separated) that encrypt the tenants' gateway
+# secrets at rest (billing.vault, docs/decisions/0132-gateway-accounts.md): the first encrypts, all
+# decrypt, so a rotation prepends a new key, runs `manage.py rotate_gateway_secrets`, then drops the
+# old one. Unset in development: a key generated under var/ on first use; production refuses to start.
+HARDCOUNT_SECRETS_KEYS = [k.strip() for k in os.environ.get("HARDCOUNT_SECRETS_KEYS", "").split(",") if k.strip()]
+
+
+def _is_fernet_key(value: str) -> bool:
+    import base64
+    import binascii
+
+    try:
+        return len(base64.urlsafe_b64decode(value.encode("ascii"))) == 32
+    except (binascii.Error, ValueError):
+        return False
+
+
+if any(not _is_fernet_key(k) for k in HARDCOUNT_SECRETS_KEYS):
+    raise ImproperlyConfigured("HARDCOUNT_SECRETS_KEYS: every key must be a Fernet key (url-safe base64 of 32 bytes)")
+
 if HARDCOUNT_PRODUCTION:
     _refusals = []
     if not SECRET_KEY:
@@ -67,6 +87,8 @@ if HARDCOUNT_PRODUCTION:
         _refusals.append("HARDCOUNT_ALLOWED_HOSTS is not set (the service's host names, comma-separated)")
     if DEBUG:
         _refusals.append("HARDCOUNT_DEBUG is on")
+    if not HARDCOUNT_SECRETS_KEYS:
+        _refusals.append("HARDCOUNT_SECRETS_KEYS is not set (the Fernet keys of the gateway secrets)")
     if _refusals:
         raise ImproperlyConfigured(
             "Production settings (HARDCOUNT_DEVSTACK=0) refuse to start: "

@@ -263,12 +263,14 @@ def gateway_configured() -> bool:
     return bool(api_base) or bool(api_key and api_key != _DEVELOPMENT_STRIPE_KEY)
 
 
-def _stripe_client():
+def _stripe_client(api_key: str = "", stripe_account: str = ""):
+    """A read-only client of one gateway account: ``api_key`` (default the platform's), as ``stripe_account``."""
     import stripe
 
     api_base = getattr(settings, "STRIPE_API_BASE", "")
     return stripe.StripeClient(
-        settings.STRIPE_API_KEY,
+        api_key or settings.STRIPE_API_KEY,
+        stripe_account=stripe_account or None,
         base_addresses={"api": api_base} if api_base else None,
         max_network_retries=2,
         http_client=stripe.HTTPXClient(
@@ -283,10 +285,12 @@ def check_gateway(
     """Compare the invoices' PaymentIntents with the gateway, through the ``stripe`` library (read-only).
 
     Retrieves the PaymentIntent of every invoice that names one (at most ``limit`` invoices,
-    newest first) and lists the gateway's PaymentIntents (at most ``limit``) to find charges
-    the books do not show (a process killed between the charge and its record, left
-    unresolved). Returns status ``not checked`` when no gateway is configured and ``error``
-    when the gateway cannot be reached; ``client`` overrides the ``stripe.StripeClient``.
+    newest first) in the invoice's tenant's own gateway account for its mode, else the
+    platform's (:mod:`billing.gateway_accounts`), and lists each account's PaymentIntents (at
+    most ``limit`` an account) to find charges the books do not show (a process killed between
+    the charge and its record, left unresolved). Returns status ``not checked`` when no gateway
+    is configured and ``error`` when the gateway cannot be reached; ``client`` overrides the
+    ``stripe.StripeClient`` of every account.
     """
     import stripe
 
@@ -295,15 +299,15 @@ def check_gateway(
     if client is None and not gateway_configured():
         return CheckResult(name, invariant, NOT_CHECKED, note="no gateway configured (STRIPE_API_BASE unset)")
     invoices = _read_gateway_rows(using, limit)
-    client = client or _stripe_client()
+    clients = _AccountClients(using, client)
     violations: list[str] = []
     try:
-        for inv_id, status, amount_due, currency, invoice_intent, charged_intent, settled in invoices:
+        for inv_id, status, amount_due, currency, invoice_intent, charged_intent, settled, tenant, livemode in invoices:
             intent_id = charged_intent or invoice_intent
             if status == "paid" and settled and not charged_intent:
                 continue
             try:
-                intent = client.v1.payment_intents.retrieve(intent_id)
+                intent = clients.of(tenant, livemode).v1.payment_intents.retrieve(intent_id)
             except stripe.InvalidRequestError as exc:
                 if status == "paid":
                     violations.append(
@@ -320,7 +324,8 @@ def check_gateway(
                     )
             elif intent.status == "succeeded":
                 violations.append(f"{inv_id}: {status}, but PaymentIntent {intent.id} succeeded at the gateway")
-        violations.extend(_gateway_listing_violations(using, client, limit))
+        for account_client, tenant_ids in clients.listings():
+            violations.extend(_gateway_listing_violations(using, account_client, limit, only_tenants=tenant_ids))
     except stripe.StripeError as exc:
         return CheckResult(
             name,
@@ -353,7 +358,43 @@ def _read_gateway_rows(using: str, limit: int | None) -> list[tuple]:
     return _read_only_rows(using, sql, [limit] if limit is not None else [])
 
 
-def _gateway_listing_violations(using: str, client, limit: int | None) -> list[str]:
+class _AccountClients:
+    """The doctor's client of each gateway account, built once: a tenant's own for its mode, else the platform's."""
+
+    def __init__(self, using: str, override=None):
+        # Here, not at the top: the module is imported without Django set up (the SQL file checks).
+        from billing import gateway_accounts
+
+        self._accounts = gateway_accounts
+        self._override = override
+        self._own = {(a.tenant_id, a.livemode): a for a in gateway_accounts.every_account(using)}
+        self._clients: dict[tuple[str, str], Any] = {}
+
+    def _client(self, credentials: tuple[str, str]):
+        if self._override is not None:
+            return self._override
+        if credentials not in self._clients:
+            self._clients[credentials] = _stripe_client(*credentials)
+        return self._clients[credentials]
+
+    def of(self, tenant_id: str, livemode: bool):
+        """The client of the account that charges ``tenant_id`` in ``livemode``."""
+        return self._client(self._accounts.credentials(self._own.get((tenant_id, livemode))))
+
+    def listings(self) -> list[tuple[Any, set[str] | None]]:
+        """``(client, tenants)`` of every account to list: the platform's (every tenant, None), then each
+        tenant's own (that tenant only). With an override, the one client (every tenant)."""
+        if self._override is not None:
+            return [(self._override, None)]
+        out: list[tuple[Any, set[str] | None]] = [(self._client(self._accounts.credentials(None)), None)]
+        for account in self._own.values():
+            out.append((self._client(self._accounts.credentials(account)), {account.tenant_id}))
+        return out
+
+
+def _gateway_listing_violations(
+    using: str, client, limit: int | None, *, only_tenants: set[str] | None = None
+) -> list[str]:
     """Succeeded PaymentIntents at the gateway, grouped by the invoice in their metadata.
 
     Only PaymentIntents of tenants this database holds count (their metadata names the
@@ -361,6 +402,8 @@ def _gateway_listing_violations(using: str, client, limit: int | None) -> list[s
     to judge.
     """
     tenants = {row[0] for row in _read_only_rows(using, _GATEWAY["gateway_tenants"].sql, [])}
+    if only_tenants is not None:
+        tenants &= only_tenants
     succeeded: dict[str, list[str]] = {}
     seen = 0
     for intent in client.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter():

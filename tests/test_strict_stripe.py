@@ -221,3 +221,53 @@ def test_serve_takes_the_key_ttl_from_the_environment():
     for bad in ("0", "-1", "soon"):
         with pytest.raises(CommandError):
             dev_stripe_key_ttl_s({"HARDCOUNT_DEV_STRIPE_KEY_TTL_S": bad})
+
+
+# --- accounts: who created an object, who may see it (docs/decisions/0132) --------------------------------------
+
+
+def _client(base: str, key: str, stripe_account: str | None = None) -> stripe.StripeClient:
+    return stripe.StripeClient(key, stripe_account=stripe_account, base_addresses={"api": base}, max_network_retries=0)
+
+
+def test_objects_belong_to_the_account_that_created_them(strict):
+    proxy = strict()
+    mine, other = "sk_test_ownerAaaaaaaaaaaaaaaaa01", "sk_test_strangerBbbbbbbbbbbbbb02"
+    customer = _client(proxy.api_base, mine).v1.customers.create(params={"email": "own@example.com"})
+    connected = _client(proxy.api_base, STRIPE_KEY, "acct_1Connected000001").v1.customers.create(
+        params={"email": "own@example.com"}
+    )
+    assert proxy.owner_of(customer.id) == mine
+    assert proxy.owner_of(connected.id) == "acct_1Connected000001"  # Stripe-Account, not the platform key
+
+    assert _client(proxy.api_base, mine).v1.customers.retrieve(customer.id).id == customer.id
+    for key, account in ((other, None), (STRIPE_KEY, None), (mine, "acct_1Connected000001")):
+        with pytest.raises(stripe.InvalidRequestError) as caught:
+            _client(proxy.api_base, key, account).v1.customers.retrieve(customer.id)
+        assert (caught.value.http_status, caught.value.code) == (404, "resource_missing")
+        assert f"No such customer: '{customer.id}'" in str(caught.value)
+    # Named in a body or a query, too; and lists leave other accounts' objects out.
+    with pytest.raises(stripe.InvalidRequestError):
+        _client(proxy.api_base, other).v1.payment_intents.create(
+            params={"amount": 1000, "currency": "usd", "customer": customer.id}
+        )
+    listed = {c.id for c in _client(proxy.api_base, other).v1.customers.list(params={"email": "own@example.com"})}
+    assert customer.id not in listed and connected.id not in listed
+    mine_listed = {c.id for c in _client(proxy.api_base, mine).v1.customers.list(params={"email": "own@example.com"})}
+    assert customer.id in mine_listed and connected.id not in mine_listed
+    assert len(proxy.entries(action="foreign")) == 4  # refused before localstripe saw them
+
+
+def test_an_injected_429_carries_retry_after_and_can_be_aimed_at_one_account(strict):
+    proxy = strict()
+    stormy = "sk_test_stormyAaaaaaaaaaaaaaaaa01"
+    proxy.fail_next("429", times=5, account=stormy, retry_after_s=7)
+    with pytest.raises(stripe.RateLimitError) as caught:
+        _client(proxy.api_base, stormy).v1.customers.create(params={"email": "a@example.com"})
+    assert caught.value.http_status == 429 and caught.value.headers.get("Retry-After") == "7"
+    assert _client(proxy.api_base, STRIPE_KEY).v1.customers.create(params={"email": "b@example.com"}).id
+    assert [e.request.account for e in proxy.entries(action="429")] == [stormy]
+    proxy.clear()
+    proxy.fail_next("429", retry_after_s=None)
+    status, headers, _body = post(proxy.api_base, "/v1/customers", {"email": "c@example.com"}, None)
+    assert status == 429 and "Retry-After" not in headers

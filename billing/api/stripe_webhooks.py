@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from billing import stripe_webhooks
 from billing.gateway_accounts import webhook_account
 from billing.models import StripeEvent
+from billing.vault import SecretUnreadable
 from hardcount.api import ErrorSerializer, JsonOnlyNegotiation
 from hardcount.errors import INVALID_REQUEST, error_body
 
@@ -82,7 +83,16 @@ class StripeWebhookView(APIView):
         },
     )
     def post(self, request, slug):
-        account = webhook_account(slug)
+        try:
+            account = webhook_account(slug)
+        except SecretUnreadable:
+            # Our configuration, not the sender's fault: a 5xx, so Stripe redelivers once the key is back.
+            log.error("stripe webhook %s: its signing secret decrypts under no configured key", slug)
+            return _error(
+                status.HTTP_503_SERVICE_UNAVAILABLE,
+                "signing_secret_unreadable",
+                "Try again: the endpoint is misconfigured.",
+            )
         if account is None:
             return _error(status.HTTP_404_NOT_FOUND, "resource_missing", f"No Stripe webhook endpoint {slug!r}.")
         payload = request._request.body

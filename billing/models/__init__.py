@@ -2,6 +2,7 @@
 
 from billing.models.clocks import TestClock
 from billing.models.customers import Customer, Price
+from billing.models.gateway_accounts import GatewayAccount
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
 from billing.models.items import InvoiceItem, SubscriptionItem
 from billing.models.ledger import LedgerEntry
@@ -14,6 +15,7 @@ __all__ = [
     "BillingAttempt",
     "BillingRun",
     "Customer",
+    "GatewayAccount",
     "Invoice",
     "InvoiceCounter",
     "InvoiceItem",

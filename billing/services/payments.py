@@ -42,6 +42,7 @@ from django.db import DatabaseError, connection, transaction
 
 from billing import gateway as gw
 from billing.events import invoice_event, subscription_event
+from billing.gateway_accounts import gateway_for
 from billing.lock_objects import (
     charge_rows_locked,
     payment_attempt_qs_select_for_update,
@@ -414,6 +415,7 @@ def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> g
         if attempt.idempotency_key.startswith(gw.create_key(invoice.id))
         else attempt.payment_intent_id,
         tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
     )
 
 
@@ -457,15 +459,18 @@ def needs_no_charge(invoice: Invoice) -> bool:
 
 def send(plan: ChargePlan) -> gw.ChargeResult:
     """Step 2: the gateway call for ``plan`` (no transaction open): the charge, or the lookup when
-    ``plan.look_up``. Never raises for gateway trouble; an unexpected exception in the call is an
-    ``error`` outcome (a failure of the close)."""
+    ``plan.look_up``, in the invoice's tenant's own account (:func:`billing.gateway_accounts.gateway_for`).
+    Never raises for gateway trouble; an unexpected exception in the call is an ``error`` outcome
+    (a failure of the close). An account backing off after a 429 is not called: the answer is
+    ``rate_limited`` (docs/decisions/0133-gateway-rate-limits.md)."""
     if plan.known_result is not None:
         return plan.known_result
     assert plan.request is not None
     try:
+        gateway = gateway_for(plan.request.tenant_id, plan.request.livemode)
         if plan.look_up:
-            return gw.get_gateway().look_up(plan.request)
-        return gw.get_gateway().charge(plan.request)
+            return gateway.look_up(plan.request)
+        return gateway.charge(plan.request)
     except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
         log.exception("gateway call for %s raised", plan.invoice_id)
         return gw.ChargeResult(
@@ -714,6 +719,13 @@ def record_outcome(
                 created_at=now,
                 extra={"next_payment_attempt": iso(dunning_services.next_payment_attempt(invoice.id))},
             )
+        elif result.rate_limited:
+            # The account's rate limit, not the invoice's failure: off the retry ladder; the attempt stays
+            # open (a transient 429), so the next close re-sends it under its key once the gate opens.
+            outcome = Outcome(OutcomeKind.SKIPPED, invoice.id, error=f"rate limited: {result.error_message}")
+            if retry_of is not None:
+                wait = timedelta(seconds=result.retry_after_s or gw.BACKOFF_BASE_S)
+                dunning_services.payment_in_flight_locked(retry_of, until=(as_of or database_now()) + wait)
         elif result.pending:
             outcome = Outcome(OutcomeKind.PAYMENT_PENDING, invoice.id, error=result.error_message)
             act_on_pending_locked(subscription, invoice, now=now)

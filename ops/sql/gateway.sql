@@ -5,13 +5,15 @@
 -- name: gateway_agrees_with_invoices
 -- The gateway agrees with the books: each paid invoice's PaymentIntent succeeded for its amount_due and currency; no
 -- PaymentIntent of an unpaid invoice succeeded; at the gateway, no invoice has two succeeded PaymentIntents and
--- every succeeded one is its paid invoice's payment_intent_id.
+-- every succeeded one is its paid invoice's payment_intent_id. Each invoice is compared in its tenant's own gateway
+-- account for its mode (billing.gateway_accounts), else the platform's.
 SELECT i.id, i.status, i.amount_due, i.currency, i.payment_intent_id,
        coalesce((SELECT a.payment_intent_id FROM billing_paymentattempt a
                  WHERE a.invoice_id = i.id AND a.outcome = 'succeeded' AND NOT a.settled_without_charge
                    AND a.payment_intent_id <> '' LIMIT 1), '') AS charged_intent,
        EXISTS (SELECT 1 FROM billing_paymentattempt a
-               WHERE a.invoice_id = i.id AND a.outcome = 'succeeded' AND a.settled_without_charge) AS settled
+               WHERE a.invoice_id = i.id AND a.outcome = 'succeeded' AND a.settled_without_charge) AS settled,
+       i.tenant_id, i.livemode
 FROM billing_invoice i
 WHERE i.payment_intent_id <> ''
    OR EXISTS (SELECT 1 FROM billing_paymentattempt a WHERE a.invoice_id = i.id AND a.payment_intent_id <> '')

@@ -6,6 +6,7 @@ from django.apps import apps
 from django.urls import reverse
 from django.utils import timezone
 
+from billing.gateway_accounts import set_account
 from billing.models import StripeEvent, TestClock
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
@@ -45,6 +46,12 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     IdempotencyRecord.objects.create(tenant=tenant, livemode=False, key="k1", request_fingerprint="f" * 64)
     StripeEvent.objects.create(
         account="platform", event_id="evt_admin", type="charge.refunded", livemode=False, result="no_invoice"
+    )
+    set_account(
+        tenant_id=tenant.id,
+        livemode=True,
+        secret_key="sk_live_pagesTest00000000000000001",
+        webhook_secret="whsec_pagesTest00000000000000001",
     )
 
     for app in APPS:

@@ -82,7 +82,13 @@ def proxy_session(localstripe_base):
 
 @pytest.fixture
 def stripe_proxy(proxy_session, settings):
-    """The proxy, faults cleared, with the gateway pointed at it (timeout 2 s unless a test lowers it)."""
+    """The proxy, faults cleared, with the gateway pointed at it (timeout 2 s unless a test lowers it).
+
+    Every account's 429 backoff gate opens first: a rate limit one test provoked is not the next test's.
+    """
+    from billing.gateway import clear_backoffs
+
+    clear_backoffs()
     proxy_session.clear()
     settings.STRIPE_API_BASE = proxy_session.api_base
     settings.STRIPE_API_KEY = STRIPE_KEY

@@ -594,3 +594,27 @@ def test_subscription_on_a_pending_payment_is_not_due_again(book, tenant, stripe
     run = _drain(tenant)
     assert run.attempted == 0
     assert Subscription.objects.get(pk=sub.pk).periods_billed == 1
+
+
+def test_the_platform_account_does_not_touch_a_tenant_with_an_account_of_its_own(
+    book, tenant, stripe_proxy, stripe_client
+):
+    """A tenant's own account's events arrive at its own slug; the platform's URL cannot pay its invoices."""
+    from billing.gateway_accounts import set_account
+
+    _sub, invoice = _processing(book, tenant, stripe_proxy)
+    stripe_proxy.settle(invoice.payment_intent_id, "succeeded")
+    own_secret = generate_webhook_secret()
+    account, _ = set_account(
+        tenant_id=tenant.id, livemode=False, secret_key="sk_test_ownAccount000000000000001", webhook_secret=own_secret
+    )
+    event = _event("payment_intent.succeeded", _intent(stripe_client, invoice.payment_intent_id))
+
+    at_platform = _post(event)
+    assert at_platform.status_code == 200 and at_platform.json()["result"] == "no_invoice"
+    invoice.refresh_from_db()
+    assert invoice.status == "open"
+
+    at_own = _post(event, secret=own_secret, slug=account.slug)
+    assert at_own.status_code == 200 and at_own.json()["result"] == "applied", at_own.content
+    _paid_once(invoice)

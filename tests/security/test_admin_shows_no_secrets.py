@@ -91,6 +91,12 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
     StripeEvent.objects.create(
         account="platform", event_id="evt_admin", type="charge.refunded", livemode=False, result="no_invoice"
     )
+    # A gateway account (live mode: the book's test-mode charges stay on the platform's account).
+    from billing.gateway_accounts import set_account
+
+    gateway_key, signing = "sk_live_adminWalk00000000000000001", "whsec_adminWalk00000000000000001"
+    account, _ = set_account(tenant_id=tenant.id, livemode=True, secret_key=gateway_key, webhook_secret=signing)
+    issued += [gateway_key, signing, account.secret_key, account.webhook_secret]
     return issued
 
 
@@ -107,9 +113,10 @@ def _forbidden(issued: list[str]) -> set[str]:
 def test_no_admin_page_shows_a_secret_or_a_key_hash(book, no_doctor, operator):  # noqa: F811 - fixtures
     # no_doctor: a few rows below (a delivery attempt, a lease, a clock) are written straight to the tables.
     issued = _issue_secrets(book, operator)
-    assert len(issued) == 7
+    # 7, and a gateway account's key, signing secret and their two Fernet tokens.
+    assert len(issued) == 7 + 4
     forbidden = _forbidden(issued)
-    assert len(forbidden) >= 2 * len(issued)
+    assert len(forbidden) >= 2 * 7 + 4
 
     pages = [reverse("admin:index")]
     for model, model_admin in admin.site._registry.items():

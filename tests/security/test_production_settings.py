@@ -22,6 +22,8 @@ PRODUCTION = {
     "HARDCOUNT_DEVSTACK": "0",
     "SECRET_KEY": SECRET,
     "HARDCOUNT_ALLOWED_HOSTS": "billing.example.com",
+    # A Fernet key (url-safe base64 of 32 bytes) for the gateway secrets.
+    "HARDCOUNT_SECRETS_KEYS": "bXktMzItYnl0ZS1wcm9kdWN0aW9uLWtleS0wMDAwMDA=",
     "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/nothing",
 }
 # drf-spectacular's deploy check builds the OpenAPI document and reports its enum-naming
@@ -94,6 +96,8 @@ def test_production_without_its_secret_key_or_hosts_exits_naming_what_is_missing
         ({"SECRET_KEY": ""}, "SECRET_KEY is not set"),
         ({"HARDCOUNT_ALLOWED_HOSTS": ""}, "HARDCOUNT_ALLOWED_HOSTS is not set"),
         ({"HARDCOUNT_DEBUG": "1"}, "HARDCOUNT_DEBUG is on"),
+        ({"HARDCOUNT_SECRETS_KEYS": ""}, "HARDCOUNT_SECRETS_KEYS is not set"),
+        ({"HARDCOUNT_SECRETS_KEYS": "not-a-fernet-key"}, "every key must be a Fernet key"),
     ],
 )
 def test_production_refuses_development_values(override, named):
