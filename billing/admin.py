@@ -508,8 +508,8 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
         if open_invoice is None:
             return sub.periods_billed
         return format_html(
-            "{} — the period from {} has an open invoice ({}) whose charge got no answer from the gateway yet: "
-            "a period counts as billed once its charge is answered (paid or declined); the retry ladder "
+            "{} — the period from {} has an open invoice ({}) whose charge failed at the gateway or got no "
+            "answer yet: a period counts as billed once the card answers (paid or declined); the retry ladder "
             "charges it again",
             sub.periods_billed,
             short_time(open_invoice.period_start),

@@ -105,7 +105,7 @@ def test_an_open_invoice_of_an_unbilled_period_is_explained_beside_periods_bille
 
     text = operator.get(reverse("admin:billing_subscription_change", args=[sub.pk])).content.decode()
 
-    assert "whose charge got no answer from the gateway yet" in text
+    assert "whose charge failed at the gateway or got no answer yet" in text
 
 
 @pytest.mark.django_db

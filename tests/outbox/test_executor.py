@@ -238,7 +238,11 @@ def test_terminal_write_failure_drives_the_delivery_to_failed(tenant_t, receiver
         )
     try:
         executor = make_executor()
-        wait_until(_settled, what="delivery driven to failed")
+        # The executor counts the forced write after it committed: wait for the count too, or a
+        # loaded machine reads the row before the counter moves.
+        wait_until(
+            lambda: _settled() and executor.stats["forced_failed"] == 1, what="delivery driven to failed, and counted"
+        )
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TRIGGER test_refuse_attempts ON outbox_deliveryattempt;")
