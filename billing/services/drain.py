@@ -481,7 +481,8 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
        those of a subscription still on that period are left to the retry ladder.
     3. Open ``subscription_update`` invoices (a change's, ``always_invoice``) with no attempt, older than the
        in-flight window (on a test clock: at once, the reservation's charge lock deciding): the change's
-       request died between its commit and its charge; charged as ``pay_invoice`` would.
+       request died between its commit and its charge; charged as ``pay_invoice`` would (not while the
+       subscription's collection is paused).
 
     At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
     ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
@@ -615,6 +616,8 @@ def _reconcile_uncharged(invoice_id: str, fence: Fence) -> bool | None:
                 return None
             customer = customer_locked(invoice.customer_id)
             now = billing_time(customer.test_clock_id)
+            if sub is not None and pausing.collection_paused(sub, now=now):
+                return None  # charged once collection resumes
             if needs_no_charge(invoice):
                 settle_without_charge_locked(invoice, customer, now=now)
                 act_on_paid_locked(sub, invoice, now=now)

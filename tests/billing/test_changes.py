@@ -434,3 +434,25 @@ def test_on_a_test_clock_the_reconciler_charges_an_uncharged_change_invoice_at_o
     invoice.refresh_from_db()
     assert (invoice.status, invoice.total, invoice.amount_paid) == ("paid", 1000, 1000)
     assert invoice.payment_attempts.get().started_at == datetime(2027, 4, 16, tzinfo=UTC)
+
+
+def test_the_reconciler_leaves_an_uncharged_change_invoice_of_a_paused_subscription_until_it_resumes(
+    book, acme, stripe_proxy, monkeypatch
+):
+    from billing.services.drain import reconcile
+    from billing.services.pausing import update_pause_collection
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    invoice = _uncharged_change(monkeypatch, acme.tenant.id, sub)
+    pause = {"tenant_id": acme.tenant.id, "livemode": False, "subscription_id": sub.id}
+    update_pause_collection(**pause, pause_collection={"behavior": "keep_as_draft", "resumes_at": None})
+
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+    assert Invoice.objects.get(pk=invoice.pk).status == "open"
+    # The first period's charge was 3000; nothing of the change's 1000 reached the gateway.
+    assert [e.request.params["amount"] for e in stripe_proxy.entries("POST /v1/payment_intents")] == ["3000"]
+
+    update_pause_collection(**pause, pause_collection=None)
+    assert reconcile(livemode=False)["payments_resolved"] == 1
+    assert Invoice.objects.get(pk=invoice.pk).status == "paid"
