@@ -479,6 +479,10 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
        events are the first word; this is the fallback).
        Transient errors on invoices whose period has already advanced are resolved the same way;
        those of a subscription still on that period are left to the retry ladder.
+    3. Open ``subscription_update`` invoices (a change's, ``always_invoice``) with no attempt, older than the
+       in-flight window (on a test clock: at once, the reservation's charge lock deciding): the change's
+       request died between its commit and its charge; charged as ``pay_invoice`` would (not while the
+       subscription's collection is paused).
 
     At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
     ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
@@ -536,6 +540,27 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
         if resolved is None:
             continue
         counts["payments_resolved" if resolved else "payments_unresolved"] += 1
+
+    # A change's own invoice (always_invoice) is charged by the change's request right after it commits; a
+    # request that died in between left it open with no attempt at all, which nothing above would charge.
+    uncharged = (
+        Invoice.objects.filter(
+            Q(created_at__lt=cutoff) | Q(customer__test_clock__isnull=False),
+            livemode=livemode,
+            status=Invoice.OPEN,
+            billing_reason=Invoice.UPDATE,
+            payment_attempts__isnull=True,
+        )
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    for invoice_id in uncharged:
+        if not fence.alive():
+            raise LeaseLost("billing lease lost: reconcile stopped at a safe point")
+        resolved = _reconcile_uncharged(invoice_id, fence)
+        if resolved is None:
+            continue
+        counts["payments_resolved" if resolved else "payments_unresolved"] += 1
     return counts
 
 
@@ -573,6 +598,41 @@ def _reconcile_tax_charging(invoice_id: str, fence: Fence) -> str:
             return "finalized"
     record_outcome(plan, send(plan), fence=fence)
     return "finalized"
+
+
+def _reconcile_uncharged(invoice_id: str, fence: Fence) -> bool | None:
+    """Charge an open invoice that has no attempt, as ``pay_invoice`` would; True resolved, False unresolved, None
+    skipped (locked, no longer open, or charged meanwhile)."""
+    with charging():
+        with transaction.atomic():
+            fence.check()
+            found = Invoice.objects.filter(pk=invoice_id).only("subscription_id").first()
+            if found is None:
+                return None
+            sub, invoice = subscription_and_invoice_locked(
+                invoice_id, subscription_id=found.subscription_id, skip_locked=True
+            )
+            if invoice is None or invoice.status != Invoice.OPEN or invoice.payment_attempts.exists():
+                return None
+            customer = customer_locked(invoice.customer_id)
+            now = billing_time(customer.test_clock_id)
+            if sub is not None and pausing.collection_paused(sub, now=now):
+                return None  # charged once collection resumes
+            if needs_no_charge(invoice):
+                settle_without_charge_locked(invoice, customer, now=now)
+                act_on_paid_locked(sub, invoice, now=now)
+                return True
+            try:
+                plan = reserve_attempt_locked(
+                    invoice, customer, now=attempt_time(now, test_clock_id=customer.test_clock_id, as_of=None)
+                )
+            except PaymentInFlight:
+                return None
+            if plan.known_result is not None:
+                outcome = record_outcome(plan, plan.known_result, fence=fence)
+                return outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.PAYMENT_PENDING)
+        outcome = record_outcome(plan, send(plan), fence=fence)
+        return outcome.kind not in (OutcomeKind.FAILED, OutcomeKind.PAYMENT_PENDING)
 
 
 def _reconcile_payment(attempt: PaymentAttempt, fence: Fence) -> bool | None:

@@ -372,3 +372,87 @@ def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(bo
         (-1000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
         (2000, datetime(2027, 5, 1, tzinfo=UTC), datetime(2027, 6, 1, tzinfo=UTC)),
     ]
+
+
+def _uncharged_change(monkeypatch, tenant_id, sub):
+    """A 3 → 5 always_invoice change whose own charge found the invoice taken (as when the reconciler got there
+    first): the change stands, its invoice is left open for the one charging it."""
+    from billing.services import changes
+    from billing.services.payments import PaymentInFlight
+
+    def taken(*args, **kwargs):
+        raise PaymentInFlight("A payment of this invoice is in flight.")
+
+    monkeypatch.setattr(changes, "pay_invoice", taken)
+    _sub, invoice = changes.change_subscription(
+        tenant_id=tenant_id,
+        livemode=False,
+        subscription_id=sub.id,
+        items=[{"id": _item(sub).id, "quantity": 5}],
+        proration_behavior="always_invoice",
+    )
+    monkeypatch.undo()
+    assert (invoice.status, invoice.payment_attempts.count()) == ("open", 0)
+    return invoice
+
+
+def test_the_reconciler_charges_a_change_invoice_left_uncharged_once_the_in_flight_window_passed(
+    book, acme, stripe_proxy, monkeypatch
+):
+    from datetime import timedelta
+
+    from billing.services.drain import reconcile
+    from billing.services.payments import in_flight_window
+
+    customer = book.customer(acme.tenant)
+    sub = book.subscription(customer, book.price(acme.tenant, amount=1000), quantity=3)
+    drain_due(livemode=False, trigger="manual", tenant_id=acme.tenant.id)
+    invoice = _uncharged_change(monkeypatch, acme.tenant.id, sub)
+
+    # Negative control: younger than the window, its request may still be about to charge it.
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+    assert Invoice.objects.get(pk=invoice.pk).status == "open"
+
+    Invoice.objects.filter(pk=invoice.pk).update(created_at=invoice.created_at - in_flight_window() - timedelta(1))
+    assert reconcile(livemode=False)["payments_resolved"] == 1
+    invoice.refresh_from_db()
+    assert (invoice.status, invoice.amount_paid) == ("paid", invoice.amount_due)
+    assert PaymentAttempt.objects.filter(invoice=invoice, outcome="succeeded").count() == 1
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+
+
+def test_on_a_test_clock_the_reconciler_charges_an_uncharged_change_invoice_at_once(
+    book, acme, stripe_proxy, monkeypatch
+):
+    from billing.services.drain import reconcile
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    invoice = _uncharged_change(monkeypatch, acme.tenant.id, sub)
+
+    assert reconcile(livemode=False)["payments_resolved"] == 1
+    invoice.refresh_from_db()
+    assert (invoice.status, invoice.total, invoice.amount_paid) == ("paid", 1000, 1000)
+    assert invoice.payment_attempts.get().started_at == datetime(2027, 4, 16, tzinfo=UTC)
+
+
+def test_the_reconciler_leaves_an_uncharged_change_invoice_of_a_paused_subscription_until_it_resumes(
+    book, acme, stripe_proxy, monkeypatch
+):
+    from billing.services.drain import reconcile
+    from billing.services.pausing import update_pause_collection
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    invoice = _uncharged_change(monkeypatch, acme.tenant.id, sub)
+    pause = {"tenant_id": acme.tenant.id, "livemode": False, "subscription_id": sub.id}
+    update_pause_collection(**pause, pause_collection={"behavior": "keep_as_draft", "resumes_at": None})
+
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+    assert Invoice.objects.get(pk=invoice.pk).status == "open"
+    # The first period's charge was 3000; nothing of the change's 1000 reached the gateway.
+    assert [e.request.params["amount"] for e in stripe_proxy.entries("POST /v1/payment_intents")] == ["3000"]
+
+    update_pause_collection(**pause, pause_collection=None)
+    assert reconcile(livemode=False)["payments_resolved"] == 1
+    assert Invoice.objects.get(pk=invoice.pk).status == "paid"

@@ -1,0 +1,103 @@
+"""Subscription item changes in their own process: the change's kill points, and the changes racing a drain.
+
+``python -m tests.system.change_once --tenant T --subscription S --quantity 5 --behavior always_invoice
+[--kill-at POINT]`` sets Django up (``DATABASE_URL`` names the test database), acts for the tenant
+(test mode, as an API request does), prints ``ready``, waits for one line on stdin (the start signal)
+and applies each change (``--subscription`` may be repeated; ``--behavior`` cycles over them) through
+:func:`billing.services.changes.change_subscription`, then prints one JSON line
+``{"changed": [...], "invoices": [...], "errors": [...]}``.
+
+``--kill-at`` SIGKILLs the process (no ``finally``, no rollback by Python) at a point of the first
+change, logging ``fault_point_reached point=…`` first:
+
+- ``after_invoice_commit``: the change's transaction (items, proration items, its invoice, finalised)
+  has committed; ``pay_invoice`` has not been called;
+- ``after_charge``: the gateway answered the change's charge (the PaymentIntent exists), nothing of
+  the answer is recorded: the attempt stays ``unknown``.
+
+The points wrap the module globals the change calls (``changes.pay_invoice``, ``invoices.send``), so
+the service carries no seam for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+KILL_POINTS = ("after_invoice_commit", "after_charge")
+
+
+def _die(point: str) -> None:
+    print(f"event=fault_point_reached point={point} pid={os.getpid()}", flush=True)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm(point: str) -> None:
+    from billing.services import changes, invoices
+
+    if point == "after_invoice_commit":
+        changes.pay_invoice = lambda *args, **kwargs: _die(point)
+    elif point == "after_charge":
+        send = invoices.send
+
+        def send_then_die(plan):
+            send(plan)
+            _die(point)
+
+        invoices.send = send_then_die
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--subscription", action="append", required=True)
+    parser.add_argument("--quantity", type=int, action="append", required=True)
+    parser.add_argument("--behavior", action="append", required=True)
+    parser.add_argument("--kill-at", choices=KILL_POINTS)
+    args = parser.parse_args()
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from billing.models import SubscriptionItem
+    from billing.services.changes import change_subscription
+    from hardcount import tenancy
+    from hardcount.errors import ServiceError
+
+    connection.ensure_connection()
+    tenancy.enter(args.tenant, False)
+    if args.kill_at:
+        _arm(args.kill_at)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    changed, invoices, errors = [], [], []
+    for index, subscription_id in enumerate(args.subscription):
+        item = SubscriptionItem.objects.filter(subscription_id=subscription_id).order_by("created_at", "id").first()
+        quantity = args.quantity[index % len(args.quantity)]
+        behavior = args.behavior[index % len(args.behavior)]
+        try:
+            _sub, invoice = change_subscription(
+                tenant_id=args.tenant,
+                livemode=False,
+                subscription_id=subscription_id,
+                items=[{"id": item.id, "quantity": quantity}],
+                proration_behavior=behavior,
+            )
+        except ServiceError as exc:  # a refused change is an answer the test reads, not a crash
+            errors.append({"subscription": subscription_id, "error": str(exc)})
+            continue
+        changed.append(subscription_id)
+        if invoice is not None:
+            invoices.append({"id": invoice.id, "status": invoice.status})
+    print(json.dumps({"changed": changed, "invoices": invoices, "errors": errors}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
