@@ -270,6 +270,19 @@ def change_key(plan: ChangePlan) -> str:
     return f"{plan.subscription.id}:change:{hashlib.sha256(body.encode()).hexdigest()[:32]}"
 
 
+def _subscription_locked(tenant_id: str, livemode: bool, subscription_id: str) -> Subscription:
+    """The caller's subscription under its row lock, with its price and test clock; raises :class:`NotFoundError`."""
+    sub = (
+        subscription_qs_select_for_update()
+        .select_related("price", "test_clock")
+        .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+        .first()
+    )
+    if sub is None:
+        raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+    return sub
+
+
 def change_subscription(
     *,
     tenant_id: str,
@@ -293,14 +306,7 @@ def change_subscription(
     canceled subscription).
     """
     with transaction.atomic():
-        sub = (
-            subscription_qs_select_for_update()
-            .select_related("price", "test_clock")
-            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
-            .first()
-        )
-        if sub is None:
-            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        sub = _subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
         if effective_at == PERIOD_END:
@@ -522,14 +528,7 @@ def cancel_subscription(
             "prorate applies to a cancellation now, not at period end.", code="prorate_conflict", param="prorate"
         )
     with transaction.atomic():
-        sub = (
-            subscription_qs_select_for_update()
-            .select_related("price", "test_clock")
-            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
-            .first()
-        )
-        if sub is None:
-            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        sub = _subscription_locked(tenant_id, livemode, subscription_id)
         plan = ChangePlan(sub, whole_seconds(billing_now(sub.test_clock)), [], [], None)
         if sub.status != Subscription.CANCELED:
             plan.before = list(sub.items.select_related("price").order_by("created_at", "id"))

@@ -261,13 +261,13 @@ def _prepare(
                 ]
             )
         if sub.cancel_at_period_end:
-            return _cancel_at_period_end_locked(sub, run, now)
+            return cancel_at_period_end_locked(sub, run, now)
         if sub.scheduled_items and apply_scheduled_locked(sub, now):
             sub = Subscription.objects.select_related("price").get(pk=subscription_id)
 
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted = _materialise(sub, start, end, now)
+        inserted = materialise_period_invoice(sub, start, end, now)
         lines = None
         if inserted:
             # Ours alone until commit (the insert holds it): no need to read it back.
@@ -326,7 +326,7 @@ def _prepare(
         return plan
 
 
-def _materialise(
+def materialise_period_invoice(
     sub: Subscription, start: datetime, end: datetime, now: datetime, *, sweep: bool = True
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
     """Insert the period's draft invoice and its lines unless one exists; the new invoice and its lines, or None.
@@ -465,7 +465,7 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
     return outcome
 
 
-def _cancel_at_period_end_locked(sub: Subscription, run: BillingRun | None, now: datetime) -> Outcome:
+def cancel_at_period_end_locked(sub: Subscription, run: BillingRun | None, now: datetime) -> Outcome:
     """A subscription set to cancel at period end reaches its period end: cancel instead of billing."""
     sub.status = Subscription.CANCELED
     sub.canceled_at = sub.canceled_at or now

@@ -33,7 +33,7 @@ from billing.periods import period_bounds
 from billing.queries import claim_due_page, lock_due_subscription, next_invoice_number
 from billing.representations import iso, pause_collection_data, subscription_data
 from billing.services.catalog import billing_now
-from billing.services.close import _cancel_at_period_end_locked, _materialise, mark_finalized
+from billing.services.close import cancel_at_period_end_locked, mark_finalized, materialise_period_invoice
 from billing.services.payments import advance_period_locked, billing_time, clear_failure_state
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.fencing import NO_FENCE, Fence
@@ -218,11 +218,11 @@ def _invoice_paused_period(
         sub = Subscription.objects.select_related("price").get(pk=subscription_id)
         now = billing_time(test_clock_id, as_of)
         if sub.cancel_at_period_end:
-            _cancel_at_period_end_locked(sub, None, now)
+            cancel_at_period_end_locked(sub, None, now)
             return None
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted = _materialise(sub, start, end, now, sweep=False)
+        inserted = materialise_period_invoice(sub, start, end, now, sweep=False)
         if inserted is not None:
             _apply_behavior(inserted[0], PauseBehavior(sub.pause_collection_behavior), now=now)
             invoice = inserted[0]

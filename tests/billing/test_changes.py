@@ -324,7 +324,7 @@ def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(bo
     _move(clock, datetime(2027, 5, 1, tzinfo=UTC))
     item_id = _item(sub).id
     prepared, release = threading.Event(), threading.Event()
-    original = close_module._materialise
+    original = close_module.materialise_period_invoice
 
     def slow_materialise(*args, **kwargs):
         result = original(*args, **kwargs)
@@ -332,7 +332,7 @@ def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(bo
         release.wait(10)
         return result
 
-    close_module._materialise = slow_materialise
+    close_module.materialise_period_invoice = slow_materialise
     try:
         drainer = threading.Thread(
             target=lambda: (
@@ -363,7 +363,7 @@ def test_a_change_racing_the_close_lands_wholly_after_the_period_was_invoiced(bo
         drainer.join(30)
         changer.join(30)
     finally:
-        close_module._materialise = original
+        close_module.materialise_period_invoice = original
 
     may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
     assert [line.amount for line in may.lines.all()] == [1000]

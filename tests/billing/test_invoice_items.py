@@ -126,7 +126,7 @@ def test_a_sweep_that_waited_on_the_items_lock_passes_over_the_item_taken_meanwh
             sub.refresh_from_db()
             start, end = period_bounds(sub.billing_cycle_anchor, "month", 1, 0)
             with transaction.atomic():
-                _invoice, lines = close_module._materialise(sub, start, end, database_now())
+                _invoice, lines = close_module.materialise_period_invoice(sub, start, end, database_now())
                 done[sub.id] = [line.invoice_item_id for line in lines]
                 if hold:
                     swept_first.set()
