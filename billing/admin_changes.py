@@ -23,6 +23,7 @@ from django.contrib import admin, messages
 from django.db.models import Sum
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from billing.models import InvoiceItem, LedgerEntry, Price, Subscription
 from billing.models.subscriptions import PauseBehavior
@@ -210,7 +211,7 @@ class SubscriptionChangeActions:
         return format_html(
             "at the period's end, {} (the next invoice bills it; nothing is prorated):<br>{}",
             clock_time(sub.next_billing_at, on_clock=bool(sub.test_clock_id)),
-            format_html_join(format_html("<br>"), "{}", lines),
+            format_html_join(mark_safe("<br>"), "{}", lines),
         )
 
     @admin.display(description="payment collection")
