@@ -50,6 +50,7 @@ from hardcount.admin import (
     money,
     prefixed_search,
     price_label,
+    short_id,
     short_time,
     truncated,
 )
@@ -974,7 +975,7 @@ class InvoiceItemAdmin(ScopeColumns, ReadOnlyAdmin):
         "created",
         "customer_link",
         "subscription_link",
-        "description",
+        "description_short",
         "amount_display",
         "proration",
         "invoice_link",
@@ -1004,15 +1005,21 @@ class InvoiceItemAdmin(ScopeColumns, ReadOnlyAdmin):
 
     @admin.display(description="customer")
     def customer_link(self, item: InvoiceItem):
-        return id_link(Customer, item.customer_id)
+        return id_link(Customer, item.customer_id, text=short_id(item.customer_id))
 
     @admin.display(description="subscription")
     def subscription_link(self, item: InvoiceItem):
-        return id_link(Subscription, item.subscription_id)
+        if item.subscription_id is None:
+            return "any of the customer's"
+        return id_link(Subscription, item.subscription_id, text=short_id(item.subscription_id))
+
+    @admin.display(description="description")
+    def description_short(self, item: InvoiceItem):
+        return truncated(item.description, 52)
 
     @admin.display(description="invoice")
     def invoice_link(self, item: InvoiceItem):
-        return id_link(Invoice, item.invoice_id) if item.invoice_id else "pending"
+        return id_link(Invoice, item.invoice_id, text=short_id(item.invoice_id)) if item.invoice_id else "pending"
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(
