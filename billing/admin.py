@@ -479,6 +479,9 @@ class SubscriptionAdmin(SubscriptionChangeActions, ScopeColumns, ReadOnlyAdmin):
             )
         if sub.billing_state == "parked":
             return f"parked after {sub.billing_failure_count} failures"
+        if sub.billing_state == "paused":
+            resumes_at = sub.pause_collection_resumes_at
+            return f"paused until {clock_time(resumes_at, on_clock=on_clock)}" if resumes_at else "paused"
         return "ok"
 
     @admin.display(description="billing state")
@@ -494,6 +497,8 @@ class SubscriptionAdmin(SubscriptionChangeActions, ScopeColumns, ReadOnlyAdmin):
                 f"parked since {clock_time(sub.billing_parked_at, on_clock=on_clock)} after "
                 f"{sub.billing_failure_count} failures: the drain no longer tries it; fix the cause, then retry billing"
             )
+        if sub.billing_state == "paused":
+            return "paused: collection is paused (see Items and changes); due periods are invoiced, nothing is charged"
         return "ok: billed by the drain when due"
 
     @admin.display(description="last error")

@@ -332,6 +332,7 @@ def test_pause_and_resume_in_the_console_emit_what_the_api_emits(operator):
         assert paused.data["pause_collection"] == body["pause_collection"]
     page = operator.get(_change_url(by_console)).content.decode()
     assert f"paused, resumes at {when}: nothing is charged" in page and 'value="resume_collection"' in page
+    assert f"paused until {when}" in operator.get(SUBSCRIPTIONS, {"billing_state": "paused"}).content.decode()
 
     status, _ = Api(keys.test).post(f"/v1/subscriptions/{by_api.pk}", {"pause_collection": None})
     assert status == 200
