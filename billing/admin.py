@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from billing.admin_changes import SubscriptionChangeActions
 from billing.models import (
     BillingAttempt,
     BillingRun,
@@ -49,6 +50,7 @@ from hardcount.admin import (
     money,
     prefixed_search,
     price_label,
+    short_id,
     short_time,
     truncated,
 )
@@ -157,6 +159,10 @@ class CustomerAdmin(ScopeColumns, ReadOnlyAdmin):
 
     def object_label(self, customer: Customer) -> str:
         return f"Customer {customer.email} ({customer.id})"
+
+    def object_links(self, customer: Customer) -> list[tuple[str, str]]:
+        url = reverse("admin:billing_invoiceitem_changelist") + f"?customer={customer.pk}&state=pending"
+        return [(url, "Its pending invoice items")]
 
     @admin.display(description="credit balance")
     def credit(self, customer: Customer) -> str:
@@ -342,8 +348,9 @@ def _dunning_summary(run) -> str:
 
 
 @admin.register(Subscription)
-class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
-    """Subscriptions by tenant, mode, status and billing state; retry billing and cancel as actions."""
+class SubscriptionAdmin(SubscriptionChangeActions, ScopeColumns, ReadOnlyAdmin):
+    """Subscriptions by tenant, mode, status and billing state; retry billing, cancel, change a quantity, pause and
+    resume collection as actions (the last ones: :mod:`billing.admin_changes`)."""
 
     list_display = (
         "id",
@@ -361,11 +368,12 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
     sortable_by = ("id",)
     search_fields = ("id",)
     search_help_text = "Exact subscription id (sub_…), or a customer's id, email (any case) or external id."
-    actions = ["retry_billing", "cancel_now", "cancel_at_period_end"]
+    actions = ["retry_billing", "cancel_now", "cancel_at_period_end", *SubscriptionChangeActions.CHANGE_ACTIONS]
     object_actions = (
         ("retry_billing", "Retry billing now"),
         ("cancel_now", "Cancel now"),
         ("cancel_at_period_end", "Cancel at period end"),
+        *SubscriptionChangeActions.CHANGE_OBJECT_ACTIONS,
     )
     inlines = [SubscriptionInvoiceInline, SubscriptionBillingAttemptInline]
     fieldsets = (
@@ -388,6 +396,7 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
             "Billing failure state",
             {"fields": ("billing_state_explained", "billing_failure_count", "last_error_explained")},
         ),
+        SubscriptionChangeActions.CHANGE_FIELDSET,
         ("Dunning", {"fields": ("dunning",)}),
         ("Payment attempts (newest 50)", {"fields": ("payment_attempts",)}),
         (
@@ -417,12 +426,19 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
         "dunning",
         "payment_attempts",
         "periods_billed_explained",
+        *SubscriptionChangeActions.CHANGE_READONLY_FIELDS,
     )
 
     def object_label(self, sub: Subscription) -> str:
         return subscription_label(sub)
 
+    def object_links(self, sub: Subscription) -> list[tuple[str, str]]:
+        url = reverse("admin:billing_invoiceitem_changelist") + f"?subscription={sub.pk}"
+        return [(url, "Its invoice items")]
+
     def object_action_applies(self, sub: Subscription, action: str) -> bool:
+        if action in self.CHANGE_ACTIONS:
+            return self.change_action_applies(sub, action)
         if action == "retry_billing":
             return sub.billing_state in ("waiting", "parked") and sub.status in Subscription.BILLABLE_STATUSES
         if action == "cancel_at_period_end":
@@ -463,6 +479,9 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
             )
         if sub.billing_state == "parked":
             return f"parked after {sub.billing_failure_count} failures"
+        if sub.billing_state == "paused":
+            resumes_at = sub.pause_collection_resumes_at
+            return f"paused until {clock_time(resumes_at, on_clock=on_clock)}" if resumes_at else "paused"
         return "ok"
 
     @admin.display(description="billing state")
@@ -478,6 +497,8 @@ class SubscriptionAdmin(ScopeColumns, ReadOnlyAdmin):
                 f"parked since {clock_time(sub.billing_parked_at, on_clock=on_clock)} after "
                 f"{sub.billing_failure_count} failures: the drain no longer tries it; fix the cause, then retry billing"
             )
+        if sub.billing_state == "paused":
+            return "paused: collection is paused (see Items and changes); due periods are invoiced, nothing is charged"
         return "ok: billed by the drain when due"
 
     @admin.display(description="last error")
@@ -907,11 +928,103 @@ class SubscriptionItemAdmin(ReadOnlyAdmin):
         return prefixed_search(queryset, search_term, {"si_": "pk", "sub_": "subscription_id"})
 
 
+class IdFilter(admin.SimpleListFilter):
+    """Rows of one related object, by its id in the URL (``?customer=cus_…``): links from that object's page set it.
+
+    It offers no list of choices (that would read every customer); the one chosen is shown while it applies.
+    """
+
+    field: str = ""
+
+    def lookups(self, request, model_admin):
+        value = self.value()
+        return ((value, value),) if value else ()
+
+    def has_output(self) -> bool:
+        return self.value() is not None
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(**{self.field: self.value()})
+
+
+class InvoiceItemCustomerFilter(IdFilter):
+    title, parameter_name, field = "customer", "customer", "customer_id"
+
+
+class InvoiceItemSubscriptionFilter(IdFilter):
+    title, parameter_name, field = "subscription", "subscription", "subscription_id"
+
+
+class InvoiceItemStateFilter(admin.SimpleListFilter):
+    """Pending (on no invoice yet: the next invoice takes it) or invoiced."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return (("pending", "pending"), ("invoiced", "invoiced"))
+
+    def queryset(self, request, queryset):
+        if self.value() in ("pending", "invoiced"):
+            return queryset.filter(invoice__isnull=self.value() == "pending")
+        return queryset
+
+
 @admin.register(InvoiceItem)
-class InvoiceItemAdmin(ReadOnlyAdmin):
-    list_display = ("id", "created_at", "customer", "subscription", "amount", "currency", "proration", "invoice")
-    list_select_related = ("customer", "subscription", "invoice")
+class InvoiceItemAdmin(ScopeColumns, ReadOnlyAdmin):
+    """Pending invoice items (and those invoiced already), read-only: they are added through ``POST /v1/invoiceitems``
+    and by subscription changes; filter by customer or subscription (``?customer=cus_…``, ``?subscription=sub_…``)."""
+
+    list_display = (
+        "id",
+        "created",
+        "customer_link",
+        "subscription_link",
+        "description_short",
+        "amount_display",
+        "proration",
+        "invoice_link",
+        "scope",
+    )
+    list_filter = (
+        InvoiceItemStateFilter,
+        "proration",
+        InvoiceItemCustomerFilter,
+        InvoiceItemSubscriptionFilter,
+        *SCOPE_FILTERS,
+    )
+    list_select_related = ("tenant",)
+    sortable_by = ("id",)
+    readonly_fields = ("amount_display",)
+    amount_display = _money("amount", "amount")
     search_fields = ("id",)
+    search_help_text = "Exact item id (ii_…), customer id (cus_…), subscription id (sub_…) or invoice id (in_…)."
+
+    def object_label(self, item: InvoiceItem) -> str:
+        state = f"on {item.invoice_id}" if item.invoice_id else "pending"
+        return f"Invoice item {item.id} · {money(item.amount, item.currency)} · {state}"
+
+    @admin.display(description="created")
+    def created(self, item: InvoiceItem) -> str:
+        return short_time(item.created_at)
+
+    @admin.display(description="customer")
+    def customer_link(self, item: InvoiceItem):
+        return id_link(Customer, item.customer_id, text=short_id(item.customer_id))
+
+    @admin.display(description="subscription")
+    def subscription_link(self, item: InvoiceItem):
+        if item.subscription_id is None:
+            return "any of the customer's"
+        return id_link(Subscription, item.subscription_id, text=short_id(item.subscription_id))
+
+    @admin.display(description="description")
+    def description_short(self, item: InvoiceItem):
+        return truncated(item.description, 52)
+
+    @admin.display(description="invoice")
+    def invoice_link(self, item: InvoiceItem):
+        return id_link(Invoice, item.invoice_id, text=short_id(item.invoice_id)) if item.invoice_id else "pending"
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(

@@ -234,13 +234,15 @@ class ReadOnlyAdmin(AuditedAdmin):
             return None
         return rows
 
-    def confirm_action(self, request, rows: list[Model], *, action: str, question: str, consequence: str):
+    def confirm_action(self, request, rows: list[Model], *, action: str, question: str, consequence: str, form=None):
         """A confirmation page for a destructive action, or None once the user has confirmed it.
 
         The page posts the same action and rows back with ``confirmed=yes`` (CSRF-protected like
-        every admin form).
+        every admin form). An action that takes input passes its ``form``, bound to the POST once
+        confirmed (:func:`action_form`): the page shows its fields, and shows them again with their
+        errors until they are valid; None only then.
         """
-        if request.POST.get("confirmed") == "yes":
+        if request.POST.get("confirmed") == "yes" and (form is None or form.is_valid()):
             return None
         context = {
             **self.admin_site.each_context(request),
@@ -252,6 +254,7 @@ class ReadOnlyAdmin(AuditedAdmin):
             "consequence": consequence,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
             "return_to": request.POST.get("_return_to", ""),
+            "form": form,
         }
         return TemplateResponse(request, "admin/hardcount/confirm_action.html", context)
 
@@ -261,6 +264,13 @@ class ReadOnlyAdmin(AuditedAdmin):
             opts = self.opts
             return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[rows[0].pk]))
         return None
+
+
+def action_form(request, form_class: type[forms.Form], **kwargs) -> forms.Form:
+    """``form_class`` bound to the POST when it confirms an action (``confirmed=yes``), else unbound (the first
+    page shows the fields empty, not as errors); ``kwargs`` go to the form."""
+    data = request.POST if request.POST.get("confirmed") == "yes" else None
+    return form_class(data, **kwargs)
 
 
 class RecentRowsFormSet(BaseInlineFormSet):

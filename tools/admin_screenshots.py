@@ -12,15 +12,24 @@ filters (a parked subscription, a paying one, an open invoice, an endpoint whose
 and saves one full-page PNG of each, 1440 px wide. A page it cannot find (no parked subscription
 in this book yet) is reported and skipped. Chromium runs with networking features off and talks
 only to ``--base``.
+
+With ``--change-demo`` it then changes one paying subscription of the book through the console's
+own actions, as an operator would (:data:`CHANGE_PAGES`): its quantity to 3 now (prorated: pending
+invoice items), to 2 at the period's end (a scheduled change), and a pause of its collection for 20
+days; and saves the quantity form, the subscription's page after them and its invoice items. This
+writes to the book (each run takes the next paying subscription), so it is asked for by name.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH, HEIGHT = 1440, 1000
@@ -91,6 +100,69 @@ def _first_row(page, base: str, url: str) -> str | None:
     return None if link is None else base + link.get_attribute("href")
 
 
+# What --change-demo saves: the quantity form, then the changed subscription's page and its invoice items.
+CHANGE_PAGES = ("subscription-change-quantity.png", "subscription-changed.png", "invoice-items.png")
+PAYING = "/admin/billing/subscription/?status__exact=active&billing_state=ok"
+CONFIRM = "#content form input[type=submit]"
+
+
+def _run_action(page, subscription_url: str, label: str, fields: dict[str, str], screenshot: Path | None = None):
+    """Press the subscription page's ``label`` button, fill the confirmation form's ``fields`` and confirm it."""
+    page.goto(subscription_url)
+    page.click(f'.hc-object-actions input[value="{label}"]')
+    page.wait_for_load_state("load")
+    for name, value in fields.items():
+        selector = f'[name="{name}"]'
+        if page.eval_on_selector(selector, "e => e.tagName") == "SELECT":
+            page.select_option(selector, value)
+        else:
+            page.fill(selector, value)
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot), full_page=True)
+    page.click(CONFIRM)
+    page.wait_for_load_state("load")
+    errors = page.query_selector(".messagelist .warning, .messagelist .error, .errorlist")
+    if errors is not None:
+        raise SystemExit(f"{label} on {subscription_url} was refused: {errors.inner_text()}")
+
+
+def change_demo(page, base: str, out: Path) -> None:
+    """Change the first paying subscription through the console (see the module's docstring) and save its pages."""
+    target = _first_row(page, base, PAYING)
+    if target is None:
+        print("skipped the change pages: no paying subscription in this book", file=sys.stderr)
+        return
+    page.goto(target)
+    item = page.eval_on_selector(".field-items_table td", "e => e.textContent.trim()")
+    _run_action(
+        page,
+        target,
+        "Change quantity",
+        {"item": item, "quantity": "3", "proration_behavior": "create_prorations", "effective_at": "immediately"},
+        screenshot=out / CHANGE_PAGES[0],
+    )
+    _run_action(
+        page,
+        target,
+        "Change quantity",
+        {"item": item, "quantity": "2", "proration_behavior": "create_prorations", "effective_at": "period_end"},
+    )
+    resumes_at = datetime.now(UTC) + timedelta(days=20)
+    _run_action(
+        page, target, "Pause collection", {"behavior": "keep_as_draft", "resumes_at": f"{resumes_at:%Y-%m-%d %H:%M}"}
+    )
+    page.goto(target)
+    page.wait_for_load_state("load")
+    page.screenshot(path=str(out / CHANGE_PAGES[1]), full_page=True)
+    # The admin writes a primary key into its URLs with "_" and other characters as "_XX" (admin.utils.quote).
+    quoted = urlsplit(target).path.rstrip("/").split("/")[-2]
+    subscription_id = re.sub(r"_([0-9A-F]{2})", lambda m: chr(int(m[1], 16)), quoted)
+    page.goto(f"{base}/admin/billing/invoiceitem/?subscription={subscription_id}")
+    page.wait_for_load_state("load")
+    page.screenshot(path=str(out / CHANGE_PAGES[2]), full_page=True)
+    print(f"{', '.join(CHANGE_PAGES)}: {subscription_id} changed through the console — {target}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="http://127.0.0.1:8000")
@@ -98,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user")
     parser.add_argument("--password")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument(
+        "--change-demo",
+        action="store_true",
+        help="also change one paying subscription through the console's actions and save its pages (writes)",
+    )
     args = parser.parse_args(argv)
     user, password = args.user, args.password
     if not (user and password):
@@ -135,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             page.wait_for_load_state("load")
             page.screenshot(path=str(args.out / name), full_page=True)
             print(f"{name}: {what} — {target}")
+        if args.change_demo:
+            change_demo(page, base, args.out)
         browser.close()
     for line in missing:
         print(f"skipped {line}", file=sys.stderr)
