@@ -64,7 +64,7 @@ class DocumentLine:
 @dataclass(frozen=True)
 class TotalRow:
     """One row of the totals: ``kind`` is ``subtotal``, ``discount``, ``tax``, ``total``, ``credit``,
-    ``amount_due``, ``amount_paid`` or ``amount_remaining``; ``amount`` is formatted (credits negative)."""
+    ``amount_due`` or ``amount_paid``; ``amount`` is formatted (credits negative)."""
 
     kind: str
     label: str
@@ -158,7 +158,7 @@ def _tax_label(invoice: Invoice) -> str:
 
 def _totals(invoice: Invoice, money) -> tuple[TotalRow, ...]:
     """Subtotal, discounts (none exist yet: their rows go right after the subtotal), tax, total, credit applied,
-    amount due, and what was paid or remains."""
+    amount due, and on a paid invoice the amount paid."""
     rows = [TotalRow("subtotal", "Subtotal", money(invoice.subtotal))]
     rows.append(TotalRow("tax", _tax_label(invoice), money(invoice.tax)))
     rows.append(TotalRow("total", "Total", money(invoice.total)))
@@ -167,8 +167,6 @@ def _totals(invoice: Invoice, money) -> tuple[TotalRow, ...]:
     rows.append(TotalRow("amount_due", "Amount due", money(invoice.amount_due), emphasis=True))
     if invoice.status == Invoice.PAID:
         rows.append(TotalRow("amount_paid", "Amount paid", money(invoice.amount_paid)))
-    elif invoice.status == Invoice.OPEN:
-        rows.append(TotalRow("amount_remaining", "Amount remaining", money(invoice.amount_due - invoice.amount_paid)))
     return tuple(rows)
 
 

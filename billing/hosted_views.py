@@ -131,6 +131,7 @@ def hosted_invoice(request: HttpRequest, token: str) -> HttpResponse:
             "billing/hosted_invoice.html",
             {
                 "doc": document,
+                "hosted": True,
                 "pdf_url": hosted_invoice_pdf_url(invoice),
                 "action": action,
                 "stripe_js_url": settings.HARDCOUNT_STRIPE_JS_URL,
