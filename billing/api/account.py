@@ -12,15 +12,10 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from billing.services.account import account_data, update_business_details
-from hardcount.api import ERROR, ApiView, StrictCharField, StrictSerializer, object_field
+from hardcount.api import ERROR, ApiView, StrictCharField, StrictChoiceField, StrictSerializer, object_field
 
 # ISO 3166-1 alpha-2 codes as Babel's CLDR data knows them (its numeric keys are regions, not countries).
-COUNTRIES = frozenset(code for code in Locale("en").territories if len(code) == 2 and code.isalpha())
-
-
-def _country(value: str) -> None:
-    if value and value not in COUNTRIES:
-        raise serializers.ValidationError("Must be an ISO 3166-1 alpha-2 country code in upper case (US, DE, JP).")
+COUNTRIES = sorted(code for code in Locale("en").territories if len(code) == 2 and code.isalpha())
 
 
 class AddressIn(StrictSerializer):
@@ -29,8 +24,11 @@ class AddressIn(StrictSerializer):
     city = StrictCharField(required=False, allow_blank=True, max_length=100)
     postal_code = StrictCharField(required=False, allow_blank=True, max_length=20)
     state = StrictCharField(required=False, allow_blank=True, max_length=100)
-    country = StrictCharField(
-        required=False, allow_blank=True, max_length=2, validators=[_country], help_text="ISO 3166-1 alpha-2 (`US`)."
+    country = StrictChoiceField(
+        choices=COUNTRIES,
+        required=False,
+        allow_blank=True,
+        help_text="ISO 3166-1 alpha-2, upper case (`US`, `DE`, `JP`); blank clears it.",
     )
 
 
