@@ -215,8 +215,11 @@ def invoice_document(invoice: Invoice) -> InvoiceDocument:
         dates.append(("Date paid", _date(invoice.paid_at)))
     if invoice.voided_at is not None:
         dates.append(("Date voided", _date(invoice.voided_at)))
-    headline_amount = invoice.amount_paid if invoice.status == Invoice.PAID else invoice.amount_due
-    headline = f"{money(headline_amount)} {'paid' if invoice.status == Invoice.PAID else 'due'}"
+    headline = {
+        Invoice.PAID: f"{money(invoice.amount_paid)} paid",
+        Invoice.VOID: f"{money(invoice.total)} (void)",
+        Invoice.UNCOLLECTIBLE: f"{money(invoice.amount_due)} (uncollectible)",
+    }.get(invoice.status, f"{money(invoice.amount_due)} due")
     return InvoiceDocument(
         title="Invoice",
         id=invoice.id,
@@ -247,11 +250,16 @@ def render_html(document: InvoiceDocument) -> str:
 
 
 def render_pdf(document: InvoiceDocument) -> bytes:
-    """PDF bytes of ``document``: the same bytes for the same document (dates and identifier fixed)."""
+    """PDF bytes of ``document``: the same bytes for the same document (dates and identifier fixed). Fetches
+    nothing: no file, no URL."""
     # Imported here: WeasyPrint loads Pango through cffi, which only the document paths need.
     import weasyprint
+    from weasyprint.urls import URLFetcher
 
-    return weasyprint.HTML(string=render_html(document), base_url=str(settings.BASE_DIR)).write_pdf(
+    # The template needs no resource; a fetcher that allows no scheme keeps any URL that reached the HTML
+    # (a tenant's text is escaped, this is the second wall) from reading a file or calling out.
+    fetch_nothing = URLFetcher(allowed_protocols=())
+    return weasyprint.HTML(string=render_html(document), url_fetcher=fetch_nothing).write_pdf(
         pdf_identifier=pdf_identifier(document)
     )
 

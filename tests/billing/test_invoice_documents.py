@@ -17,6 +17,7 @@ from billing.models import Customer, Invoice
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from tests.api.conftest import Api, make_keys
+from tests.billing.conftest import DECLINING_CARD, VISA
 
 pypdf = pytest.importorskip("pypdf", reason="pypdf (requirements-dev.txt) reads the PDFs back")
 pdfium = pytest.importorskip("pypdfium2", reason="pypdfium2 (requirements-dev.txt) renders the PDFs")
@@ -44,8 +45,10 @@ def globex(book):
     return make_keys("Globex")
 
 
-def _billed(book, tenant, *, amount: int, currency: str, quantity: int = 1, credit: int = 0, name: str = "") -> Invoice:
-    customer = book.customer(tenant, currency=currency)
+def _billed(
+    book, tenant, *, amount: int, currency: str, quantity: int = 1, credit: int = 0, name: str = "", card=VISA
+) -> Invoice:
+    customer = book.customer(tenant, currency=currency, card=card)
     Customer.objects.filter(pk=customer.pk).update(name=name)
     if credit:
         grant_credit(customer.id, tenant_id=tenant.id, livemode=False, amount=credit)
@@ -206,3 +209,41 @@ def test_account_business_details_are_validated_and_kept(book, acme):
         },
     }
     assert api.get("/v1/account") == (200, account)
+
+
+def test_a_void_invoice_keeps_its_document_marked_void(book, acme):
+    invoice = _billed(book, acme.tenant, amount=2500, currency="usd", card=DECLINING_CARD)
+    assert invoice.status == Invoice.OPEN
+    assert Api(acme.test).post(f"/v1/invoices/{invoice.id}/void")[0] == 200
+
+    text = _text(_pdf(acme, invoice.id).content)
+
+    assert "$25.00 (void)" in text and "Void since" in text and "Date voided" in text
+    assert "$25.00 due" not in text
+
+
+def test_the_tenants_text_is_printed_as_text(book, acme):
+    Api(acme.test).post("/v1/account", {"business_name": '<b>Evil</b> & <img src="file:///etc/hostname">'})
+    invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
+
+    text = _text(_pdf(acme, invoice.id).content)
+
+    assert '<b>Evil</b> & <img src="file:///etc/hostname">' in text
+
+
+def test_the_renderer_fetches_no_file_even_from_html_that_names_one(book, acme, monkeypatch):
+    from billing import documents
+
+    invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
+    image = Path(__file__).resolve().parents[2] / "docs" / "invoice-example.png"
+    html = f'<html><body><p>x</p><img src="{image.as_uri()}"></body></html>'
+    monkeypatch.setattr(documents, "render_html", lambda document: html)
+
+    rendered = documents.render_pdf(documents.invoice_document(invoice))
+
+    assert len(pypdf.PdfReader(io.BytesIO(rendered)).pages[0].images) == 0
+    # Negative control: WeasyPrint's own fetcher reads the file into the PDF.
+    import weasyprint
+
+    fetched = weasyprint.HTML(string=html).write_pdf()
+    assert len(pypdf.PdfReader(io.BytesIO(fetched)).pages[0].images) == 1
