@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from billing.hosted import hosted_invoice_url, hosted_token
@@ -110,6 +111,27 @@ def test_unknown_forged_and_other_invoices_tokens_are_one_plain_404(book, acme, 
         assert "not valid" in body and theirs.number not in body and "Traceback" not in body
         assert response["Referrer-Policy"] == "no-referrer"
     assert Client().post(_path(invoice)).status_code == 405
+
+
+def test_the_page_reads_as_the_invoices_tenant_and_gives_the_connection_back(book, acme, monkeypatch):
+    from billing import hosted_views
+    from hardcount import tenancy
+
+    invoice = _billed(book, acme.tenant)
+    seen = []
+    render = hosted_views.invoice_document
+
+    def spy(found):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_user, current_setting('hardcount.tenant_id', true)")
+            seen.append(cursor.fetchone())
+        return render(found)
+
+    monkeypatch.setattr(hosted_views, "invoice_document", spy)
+
+    assert Client().get(_path(invoice)).status_code == 200
+    assert seen == [(tenancy.TENANT_ROLE, acme.tenant.id)]
+    assert tenancy.current_role() != tenancy.TENANT_ROLE
 
 
 def test_rotation_revokes_the_old_url_and_only_the_owner_may_rotate(book, acme, globex, settings):
