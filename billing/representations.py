@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from billing.hosted import hosted_invoice_pdf_url, hosted_invoice_url
 from hardcount.times import iso
 
 
@@ -166,6 +167,9 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "paid_at": iso(inv.paid_at),
         "voided_at": iso(inv.voided_at),
         "marked_uncollectible_at": iso(inv.marked_uncollectible_at),
+        # Null on a draft, as Stripe's: only a finalized invoice has a document (billing/hosted.py).
+        "hosted_invoice_url": hosted_invoice_url(inv),
+        "invoice_pdf": hosted_invoice_pdf_url(inv),
     }
 
 

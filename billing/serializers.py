@@ -442,6 +442,16 @@ class Invoice(serializers.Serializer):
     paid_at = serializers.DateTimeField(allow_null=True)
     voided_at = serializers.DateTimeField(allow_null=True)
     marked_uncollectible_at = serializers.DateTimeField(allow_null=True)
+    hosted_invoice_url = serializers.URLField(
+        allow_null=True,
+        help_text="The customer's page of the invoice (no login: the URL is the credential), null on a draft. "
+        "`POST /v1/invoices/{id}/rotate_hosted_url` revokes it and issues a new one.",
+    )
+    invoice_pdf = serializers.URLField(
+        allow_null=True,
+        help_text="The invoice's PDF under the hosted URL (no login), null on a draft. With the API key: "
+        "`GET /v1/invoices/{id}/pdf`.",
+    )
 
 
 class UpcomingLineItem(LineItem):

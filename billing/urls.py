@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import catalog, clocks, gateway_accounts, payments, runs
+from billing.api import account, catalog, clocks, documents, gateway_accounts, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -27,9 +27,18 @@ urlpatterns = [
     ),
     path("invoices/<str:id>/pay", payments.InvoicePayView.as_view(), name="invoice-pay"),
     path("invoices/<str:id>/void", payments.InvoiceVoidView.as_view(), name="invoice-void"),
+    # Invoice documents (billing/api/documents.py); the customers' hosted pages are billing/hosted_urls.py.
+    path("invoices/<str:id>/pdf", documents.InvoicePdfView.as_view(), name="invoice-pdf"),
+    path(
+        "invoices/<str:id>/rotate_hosted_url",
+        documents.InvoiceRotateHostedUrlView.as_view(),
+        name="invoice-rotate-hosted-url",
+    ),
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
     path("invoiceitems", payments.InvoiceItemListView.as_view(), name="invoice-items"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
+    # The caller's business details, printed on its invoice documents (billing/api/account.py).
+    path("account", account.AccountView.as_view(), name="account"),
     # The caller's own Stripe account (billing/api/gateway_accounts.py).
     path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
     # Test clocks (billing/api/clocks.py).

@@ -19,9 +19,7 @@ fixed choices (never a ``SELECT DISTINCT`` over the table), and actions take at 
 from __future__ import annotations
 
 from datetime import UTC
-from decimal import Decimal
 
-from babel.numbers import format_currency, get_currency_precision, is_currency
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -41,6 +39,7 @@ from django.utils.html import format_html
 
 from hardcount import audit, idempotency
 from hardcount.models import ApiKey, AuditLogEntry, IdempotencyRecord, RateLimit, RateLimitBucket, Tenant
+from hardcount.money import display as money_display
 
 admin.site.site_header = "Hardcount operations"
 admin.site.site_title = "Hardcount"
@@ -385,11 +384,7 @@ def money(amount: int | None, currency: str) -> str:
     """
     if amount is None:
         return "—"
-    code = (currency or "").upper()
-    if not is_currency(code):
-        return f"{amount} (minor units, {code or 'no currency'})"
-    digits = get_currency_precision(code)
-    return format_currency(Decimal(amount).scaleb(-digits), code, locale=console_locale())
+    return money_display(amount, currency, locale=console_locale())
 
 
 def price_label(amount: int, currency: str, interval: str, interval_count: int = 1) -> str:

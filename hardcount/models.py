@@ -15,14 +15,31 @@ TEST_KEY_PREFIX = "hc_test_"
 
 
 class Tenant(models.Model):
-    """A company billing its own customers through Hardcount."""
+    """A company billing its own customers through Hardcount.
+
+    The business fields are what its customers' invoice documents print as the seller
+    (docs/reference/invoice-documents.md): ``business_name`` (blank: ``name``), a postal address,
+    and ``country`` as an ISO 3166-1 alpha-2 code (``"US"``) or blank. Set through ``/v1/account``.
+    """
 
     id = id_field("tenant")
     name = models.CharField(max_length=200)
+    business_name = models.CharField(max_length=200, blank=True, default="")
+    address_line1 = models.CharField(max_length=200, blank=True, default="")
+    address_line2 = models.CharField(max_length=200, blank=True, default="")
+    city = models.CharField(max_length=100, blank=True, default="")
+    postal_code = models.CharField(max_length=20, blank=True, default="")
+    state = models.CharField(max_length=100, blank=True, default="")
+    country = models.CharField(max_length=2, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
+
+    @property
+    def display_name(self) -> str:
+        """The name a customer's document shows: ``business_name``, else ``name``."""
+        return self.business_name or self.name
 
 
 def hash_api_key(secret: str) -> str:

@@ -9,6 +9,10 @@ under the minimum is not charged but carried to the customer's balance.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+from babel.numbers import format_currency, get_currency_precision, is_currency
+
 # ISO 4217 minor-unit exponents for the currencies Hardcount accepts.
 CURRENCY_EXPONENTS: dict[str, int] = {
     "aed": 2,
@@ -115,3 +119,18 @@ def format_amount(amount: int, currency: str) -> str:
     sign = "-" if amount < 0 else ""
     whole, frac = divmod(abs(amount), 10**exp)
     return f"{sign}{whole}.{frac:0{exp}d} {currency.upper()}"
+
+
+def display(amount: int, currency: str, *, locale: str) -> str:
+    """An amount in integer minor units as people read it, in ``locale`` (a Babel locale name).
+
+    ``display(1500, "usd", locale="en_US") == "$15.00"``, ``display(1299, "eur", locale="en_US") == "€12.99"``,
+    ``display(1000, "jpy", locale="en_US") == "¥1,000"``. The minor digits are the currency's exponent from
+    Babel's ISO 4217 data (equal to :data:`CURRENCY_EXPONENTS`, tests/admin/test_console_display.py);
+    symbol, grouping and order are the locale's. A code Babel does not know is written
+    ``1500 (minor units, XYZ)`` rather than guessed.
+    """
+    code = (currency or "").upper()
+    if not is_currency(code):
+        return f"{amount} (minor units, {code or 'no currency'})"
+    return format_currency(Decimal(amount).scaleb(-get_currency_precision(code)), code, locale=locale)

@@ -322,6 +322,20 @@ STRIPE_API_BASE = os.environ.get("STRIPE_API_BASE", "")
 # /stripe/webhooks/platform (billing/gateway_accounts.py). Empty: that URL answers 404.
 STRIPE_WEBHOOK_SECRET = os.environ.get("STRIPE_WEBHOOK_SECRET", "")
 HARDCOUNT_GATEWAY_TIMEOUT_S = _env_float("HARDCOUNT_GATEWAY_TIMEOUT_S", 20.0)
+# The platform account's publishable key (pk_…): the hosted invoice page hands it to Stripe.js so the
+# customer can complete a payment that requires action (billing/hosted_views.py). Empty: not offered.
+STRIPE_PUBLISHABLE_KEY = os.environ.get("STRIPE_PUBLISHABLE_KEY", "")
+# Where the hosted invoice page loads Stripe.js from; its origin is the only script origin the page's
+# Content-Security-Policy allows (tests point it at a local stub).
+HARDCOUNT_STRIPE_JS_URL = os.environ.get("HARDCOUNT_STRIPE_JS_URL", "https://js.stripe.com/v3/")
+
+# Invoice documents (docs/reference/invoice-documents.md): the base of hosted invoice URLs as
+# customers reach the service (scheme and host, no trailing path), and the locale amounts are
+# written in (a Babel name).
+HARDCOUNT_PUBLIC_URL = os.environ.get(
+    "HARDCOUNT_PUBLIC_URL", f"http://127.0.0.1:{os.environ.get('HARDCOUNT_PORT', '8000')}"
+)
+HARDCOUNT_DOCUMENT_LOCALE = os.environ.get("HARDCOUNT_DOCUMENT_LOCALE", "en_US")
 # Past this long after a payment attempt's key was first sent, the attempt is resolved by looking
 # its PaymentIntent up, never by a re-send: Stripe forgets a key after 24 h (decision 0129).
 HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S = _env_float("HARDCOUNT_IDEMPOTENCY_KEY_SAFE_WINDOW_S", 23 * 3600)

@@ -22,6 +22,8 @@ urlpatterns = [
     path("v1/", include("dunning.urls")),
     # Stripe's own events (billing/stripe_webhooks.py): signed by Stripe, no API key.
     path("stripe/", include("billing.stripe_urls")),
+    # Customers' hosted invoice pages (billing/hosted_views.py): the URL's signed token, no API key.
+    path("i/", include("billing.hosted_urls")),
     path("admin/", admin.site.urls),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),

@@ -60,6 +60,9 @@ class Invoice(TenantScoped):
     paid_at = models.DateTimeField(null=True, blank=True)
     voided_at = models.DateTimeField(null=True, blank=True)
     marked_uncollectible_at = models.DateTimeField(null=True, blank=True)
+    # The hosted invoice page's token is signed over (id, this number): rotating the URL adds one, which
+    # revokes every earlier token (billing/hosted.py, docs/decisions/0161).
+    hosted_url_version = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -582,8 +582,8 @@ def act_on_pending_locked(subscription: Subscription | None, invoice: Invoice, *
 def action_required(result: gw.ChargeResult) -> dict:
     """The keys ``invoice.payment_action_required`` adds to the invoice: what the tenant needs to bring the
     customer back to authenticate (Stripe.js ``handleNextAction`` with ``client_secret``;
-    https://docs.stripe.com/payments/paymentintents/lifecycle). No hosted invoice page exists yet:
-    ``hosted_invoice_url`` is null."""
+    https://docs.stripe.com/payments/paymentintents/lifecycle). The invoice's own ``hosted_invoice_url`` is
+    the page where the customer can do it themselves (docs/reference/invoice-documents.md)."""
     return {
         "payment_intent": {
             "id": result.payment_intent_id,
@@ -592,7 +592,6 @@ def action_required(result: gw.ChargeResult) -> dict:
             "client_secret": result.client_secret or None,
             "next_action": result.next_action,
         },
-        "hosted_invoice_url": None,
     }
 
 

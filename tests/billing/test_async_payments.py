@@ -20,6 +20,7 @@ from django.db import connection
 from django.test import Client
 
 from billing.gateway_accounts import WebhookAccount
+from billing.hosted import hosted_invoice_url
 from billing.models import BillingAttempt, Invoice, PaymentAttempt, StripeEvent, Subscription
 from billing.services import payments
 from billing.services.drain import drain_due, reconcile
@@ -118,7 +119,8 @@ def test_requires_action_tells_the_tenant_and_is_neither_a_decline_nor_a_ladder_
     assert intent["id"] == invoice.payment_intent_id
     assert intent["client_secret"].startswith(f"{invoice.payment_intent_id}_secret_")
     assert intent["status"] == "requires_action" and intent["next_action"]["type"] == "use_stripe_sdk"
-    assert told.data["hosted_invoice_url"] is None
+    # The customer's own page, where the payment can be confirmed (tests/billing/test_hosted_invoice.py).
+    assert told.data["hosted_invoice_url"] == hosted_invoice_url(invoice) is not None
     # Not a decline (no dunning, not past_due), not a failure (no ladder step).
     assert events("invoice.payment_failed") == [] and not DunningRun.objects.exists()
     assert (sub.status, sub.billing_failure_count, sub.next_billing_attempt_at, sub.periods_billed) == (

@@ -1,0 +1,269 @@
+"""Invoice documents: what a finalized invoice prints, as a PDF (WeasyPrint) and on its hosted page.
+
+:func:`invoice_document` reads an invoice into an :class:`InvoiceDocument`, every amount already
+written for people (:func:`hardcount.money.display`: the invoice currency's symbol and exponent,
+``HARDCOUNT_DOCUMENT_LOCALE``'s grouping), every date in UTC. The PDF template and the hosted page
+render that one object, so both say the same. :func:`render_pdf` turns it into PDF bytes that are
+the same for the same invoice in the same state: the PDF's dates are the invoice's own
+(``dcterms.created``/``modified`` meta, which WeasyPrint writes as ``CreationDate``/``ModDate``) and
+its file identifier is derived from the invoice's id (WeasyPrint's ``pdf_identifier``).
+
+The totals are rows of one list and the document has a list of adjustments: discounts are rows
+between the subtotal and the tax; credit notes issued against the invoice are adjustments, and a
+credit note's own PDF is another :class:`InvoiceDocument` (``title="Credit note"``) through the same
+:func:`render_pdf`. Rules: docs/reference/invoice-documents.md, docs/decisions/0160.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from babel import Locale
+from django.conf import settings
+from django.template.loader import render_to_string
+
+from billing import gateway as gw
+from billing.hosted import has_document
+from billing.models import Invoice, PaymentAttempt
+from hardcount.money import display
+
+TEMPLATE = "billing/invoice_document.html"
+
+# WeasyPrint logs every step of every render at INFO.
+logging.getLogger("weasyprint").setLevel(logging.WARNING)
+logging.getLogger("weasyprint.progress").setLevel(logging.WARNING)
+
+
+class NotFinalized(ValueError):
+    """Raised for a draft invoice: it has no number and no document yet."""
+
+
+@dataclass(frozen=True)
+class Party:
+    """The seller or the customer as printed: a name, then address lines and contact lines (blank ones dropped)."""
+
+    name: str
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DocumentLine:
+    """One invoice line as printed: ``amount`` (and ``unit_amount``, blank when the line has none) formatted."""
+
+    description: str
+    period: str
+    quantity: int
+    unit_amount: str
+    amount: str
+    proration: bool
+
+
+@dataclass(frozen=True)
+class TotalRow:
+    """One row of the totals: ``kind`` is ``subtotal``, ``discount``, ``tax``, ``total``, ``credit``,
+    ``amount_due`` or ``amount_paid``; ``amount`` is formatted (credits negative)."""
+
+    kind: str
+    label: str
+    amount: str
+    emphasis: bool = False
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """A document issued against this one (a credit note): its number, date and amount, formatted."""
+
+    label: str
+    number: str
+    date: str
+    amount: str
+
+
+@dataclass(frozen=True)
+class InvoiceDocument:
+    """Everything a document shows, formatted. ``issued_at`` dates the PDF itself."""
+
+    title: str
+    id: str
+    number: str
+    currency: str
+    status: str
+    payment_status: str
+    requires_action: bool
+    seller: Party
+    bill_to: Party
+    dates: tuple[tuple[str, str], ...]
+    lines: tuple[DocumentLine, ...]
+    totals: tuple[TotalRow, ...]
+    amount_headline: str
+    issued_at: datetime
+    livemode: bool
+    adjustments: tuple[Adjustment, ...] = field(default=())
+
+
+def locale() -> str:
+    """The locale documents write amounts in (``HARDCOUNT_DOCUMENT_LOCALE``, a Babel name; ``en_US`` by default)."""
+    return getattr(settings, "HARDCOUNT_DOCUMENT_LOCALE", "en_US")
+
+
+def _date(value: datetime | None) -> str:
+    """``January 31, 2027`` in UTC; blank for None."""
+    return "" if value is None else value.astimezone(UTC).strftime("%B %-d, %Y")
+
+
+def _period(start: datetime, end: datetime) -> str:
+    return f"{_date(start)} – {_date(end)}"
+
+
+def _country_name(code: str) -> str:
+    """``Germany`` for ``DE`` (CLDR's English names, through Babel); the code itself when unknown."""
+    return Locale("en").territories.get(code, code) if code else ""
+
+
+def _seller(tenant) -> Party:
+    place = " ".join(p for p in (tenant.postal_code, tenant.city) if p)
+    lines = (tenant.address_line1, tenant.address_line2, place, tenant.state, _country_name(tenant.country))
+    return Party(tenant.display_name, tuple(line for line in lines if line))
+
+
+def _bill_to(customer) -> Party:
+    # Customers carry a name and an email today; an address, when customers have one, goes between them.
+    if customer.name:
+        return Party(customer.name, (customer.email,) if customer.email else ())
+    return Party(customer.email)
+
+
+def _line(line, money) -> DocumentLine:
+    quantity = line.quantity or 1
+    unit = money(line.amount // quantity) if line.amount % quantity == 0 else ""
+    return DocumentLine(
+        description=line.description,
+        period=_period(line.period_start, line.period_end),
+        quantity=quantity,
+        unit_amount=unit,
+        amount=money(line.amount),
+        proration=line.proration,
+    )
+
+
+def _tax_label(invoice: Invoice) -> str:
+    if invoice.tax_status == Invoice.TAX_NOT_APPLICABLE or not invoice.tax_rate_bps:
+        return "Tax"
+    percent = f"{invoice.tax_rate_bps / 100:.2f}".rstrip("0").rstrip(".")
+    return f"Tax ({percent}%)"
+
+
+def _totals(invoice: Invoice, money) -> tuple[TotalRow, ...]:
+    """Subtotal, discounts (none exist yet: their rows go right after the subtotal), tax, total, credit applied,
+    amount due, and on a paid invoice the amount paid."""
+    rows = [TotalRow("subtotal", "Subtotal", money(invoice.subtotal))]
+    rows.append(TotalRow("tax", _tax_label(invoice), money(invoice.tax)))
+    rows.append(TotalRow("total", "Total", money(invoice.total)))
+    if invoice.credit_applied:
+        rows.append(TotalRow("credit", "Credit applied", money(-invoice.credit_applied)))
+    rows.append(TotalRow("amount_due", "Amount due", money(invoice.amount_due), emphasis=True))
+    if invoice.status == Invoice.PAID:
+        rows.append(TotalRow("amount_paid", "Amount paid", money(invoice.amount_paid)))
+    return tuple(rows)
+
+
+def _latest_attempt(invoice: Invoice) -> PaymentAttempt | None:
+    return invoice.payment_attempts.order_by("-attempt_number", "-started_at").first()
+
+
+def payment_status(invoice: Invoice, attempt: PaymentAttempt | None) -> tuple[str, bool]:
+    """``(what the document says of the payment, whether it waits for the customer's action)``.
+
+    An open invoice whose last attempt's PaymentIntent is ``requires_action`` waits for the customer to
+    authenticate (docs/reference/payments.md); ``processing`` settles by itself later.
+    """
+    if invoice.status == Invoice.PAID:
+        return f"Paid on {_date(invoice.paid_at)}", False
+    if invoice.status == Invoice.VOID:
+        return f"Void since {_date(invoice.voided_at)}: nothing is owed", False
+    if invoice.status == Invoice.UNCOLLECTIBLE:
+        return "Uncollectible", False
+    if attempt is not None and attempt.outcome == PaymentAttempt.UNKNOWN:
+        if attempt.payment_intent_status == gw.REQUIRES_ACTION:
+            return "Payment needs your confirmation", True
+        if attempt.payment_intent_status == gw.PROCESSING:
+            return "Payment processing", False
+        return "Payment in progress", False
+    if attempt is not None and attempt.outcome == PaymentAttempt.DECLINED:
+        return "Payment failed: due", False
+    return "Due", False
+
+
+def invoice_document(invoice: Invoice) -> InvoiceDocument:
+    """The document of a finalized ``invoice`` (any status but draft). Raises :class:`NotFinalized` for a draft.
+
+    Reads the invoice's tenant, customer, lines and latest payment attempt (a handful of queries).
+    """
+    if not has_document(invoice):
+        raise NotFinalized(f"Invoice {invoice.id} is a draft: it has no document until it is finalized.")
+
+    def money(amount: int) -> str:
+        return display(amount, invoice.currency, locale=locale())
+
+    status, requires_action = payment_status(invoice, _latest_attempt(invoice))
+    dates = [("Invoice number", invoice.number or ""), ("Date of issue", _date(invoice.finalized_at))]
+    dates.append(("Billing period", _period(invoice.period_start, invoice.period_end)))
+    if invoice.paid_at is not None:
+        dates.append(("Date paid", _date(invoice.paid_at)))
+    if invoice.voided_at is not None:
+        dates.append(("Date voided", _date(invoice.voided_at)))
+    headline = {
+        Invoice.PAID: f"{money(invoice.amount_paid)} paid",
+        Invoice.VOID: f"{money(invoice.total)} (void)",
+        Invoice.UNCOLLECTIBLE: f"{money(invoice.amount_due)} (uncollectible)",
+    }.get(invoice.status, f"{money(invoice.amount_due)} due")
+    return InvoiceDocument(
+        title="Invoice",
+        id=invoice.id,
+        number=invoice.number or "",
+        currency=invoice.currency.upper(),
+        status=invoice.status,
+        payment_status=status,
+        requires_action=requires_action and invoice.status == Invoice.OPEN,
+        seller=_seller(invoice.tenant),
+        bill_to=_bill_to(invoice.customer),
+        dates=tuple(dates),
+        lines=tuple(_line(line, money) for line in invoice.lines.all()),
+        totals=_totals(invoice, money),
+        amount_headline=headline,
+        issued_at=invoice.finalized_at,
+        livemode=invoice.livemode,
+    )
+
+
+def pdf_identifier(document: InvoiceDocument) -> bytes:
+    """The PDF's file identifier: 32 hex digits derived from the document's id (stable across renders)."""
+    return hashlib.sha256(f"hardcount:{document.title}:{document.id}".encode()).hexdigest()[:32].encode()
+
+
+def render_html(document: InvoiceDocument) -> str:
+    """The print HTML of ``document`` (the PDF's source)."""
+    return render_to_string(TEMPLATE, {"doc": document, "created": document.issued_at.astimezone(UTC).isoformat()})
+
+
+def render_pdf(document: InvoiceDocument) -> bytes:
+    """PDF bytes of ``document``: the same bytes for the same document (dates and identifier fixed). Fetches
+    nothing: no file, no URL."""
+    # Imported here: WeasyPrint loads Pango through cffi, which only the document paths need.
+    import weasyprint
+    from weasyprint.urls import URLFetcher
+
+    # The template needs no resource; a fetcher that allows no scheme keeps any URL that reached the HTML
+    # (a tenant's text is escaped, this is the second wall) from reading a file or calling out.
+    fetch_nothing = URLFetcher(allowed_protocols=())
+    return weasyprint.HTML(string=render_html(document), url_fetcher=fetch_nothing).write_pdf(
+        pdf_identifier=pdf_identifier(document)
+    )
+
+
+def render_invoice_pdf(invoice: Invoice) -> bytes:
+    """PDF bytes of a finalized ``invoice``; raises :class:`NotFinalized` for a draft."""
+    return render_pdf(invoice_document(invoice))
