@@ -284,3 +284,37 @@ def test_a_restart_set_to_cancel_at_period_end_or_trialing_is_a_422(book, acme, 
     status, body = _restart(Api(acme.test), trialing)
     assert (status, body["error"]["code"]) == (422, "billing_cycle_anchor_unavailable")
     assert not Invoice.objects.filter(subscription=trialing).exists()
+
+
+class Killed(BaseException):
+    """The request's process dying (not an Exception: nothing catches it)."""
+
+
+def test_a_restart_killed_after_its_commit_is_charged_once_by_the_next_drain(book, acme, stripe_proxy, monkeypatch):
+    # Killed between the change's commit and its close: the new period is due at the change instant, its draft
+    # invoice (with the −653 credit) already written; the drain's close finalises and charges it, once.
+    from billing.services import changes
+
+    clock, sub = _clocked(book, acme.tenant)
+    _move(clock, APR_11_10H)
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(changes, "close_subscription_period", killed)
+    with pytest.raises(Killed):
+        changes.restart_cycle(tenant_id=sub.tenant_id, livemode=False, subscription_id=sub.id)
+    monkeypatch.undo()
+    restarted = _cycle_invoices(sub)[-1]
+    assert (restarted.period_start, restarted.status, restarted.total) == (APR_11_10H, "draft", 347)
+    sub.refresh_from_db()
+    assert (sub.next_billing_at, sub.periods_billed) == (APR_11_10H, 0)
+
+    _drain(acme.tenant, clock)
+    _drain(acme.tenant, clock)
+
+    restarted.refresh_from_db()
+    assert (restarted.status, restarted.amount_paid) == ("paid", 347)
+    assert [e.request.params["amount"] for e in stripe_proxy.entries(CHARGES)] == ["1000", "347"]
+    sub.refresh_from_db()
+    assert (sub.next_billing_at, sub.periods_billed) == (datetime(2027, 5, 11, 10, tzinfo=UTC), 1)
