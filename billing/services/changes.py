@@ -481,7 +481,9 @@ def restart_cycle(
         sub.billing_cycle_anchor = at
         sub.periods_billed = 0
         sub.next_billing_at = at
-        sub.save(update_fields=["billing_cycle_anchor", "periods_billed", "next_billing_at", "scheduled_items"])
+        sub.save(
+            update_fields=["billing_cycle_anchor", "periods_billed", "next_billing_at", "scheduled_items", "updated_at"]
+        )
         start, end = period_bounds(at, price.interval, price.interval_count, 0)
         inserted = materialise_period_invoice(sub, start, end, now, previous_billing_cycle_anchor=previous_anchor)
         if inserted is None:  # only a second restart in this same second gets here
