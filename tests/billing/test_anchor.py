@@ -13,9 +13,10 @@ from fractions import Fraction
 
 import pytest
 from dateutil.relativedelta import relativedelta
+from django.db import transaction
 
 from billing.models import Invoice, InvoiceItem, PaymentAttempt, Subscription, SubscriptionItem, TestClock
-from billing.services.close import close_subscription_period
+from billing.services.close import close_subscription_period, materialise_period_invoice
 from billing.services.drain import drain_due
 from billing.services.pausing import update_pause_collection
 from tests.api.conftest import Api, make_keys
@@ -189,6 +190,11 @@ def test_the_new_period_is_invoiced_once_whatever_closes_it_again(book, acme, st
     outcome = close_subscription_period(sub.id, periods_billed=0, run=None, as_of=APR_11_10H, test_clock_id=clock.id)
 
     assert outcome.kind.value == "skipped"
+    # The restart's invoice is a period invoice: the one-per-period index refuses a second one for its period.
+    with transaction.atomic():
+        locked = Subscription.objects.select_related("price").select_for_update().get(pk=sub.id)
+        end = datetime(2027, 5, 11, 10, tzinfo=UTC)
+        assert materialise_period_invoice(locked, APR_11_10H, end, APR_11_10H) is None
     assert Invoice.objects.filter(subscription=sub, period_start=APR_11_10H).count() == 1
     assert len(stripe_proxy.entries(CHARGES)) == 2
 
