@@ -13,6 +13,10 @@ https://docs.stripe.com/billing/subscriptions/prorations):
   change makes one invoice;
 - ``none``: the new items apply from now, nothing is prorated.
 
+``billing_cycle_anchor: "now"`` restarts the billing cycle at the change's instant instead
+(:func:`restart_cycle`, Stripe's "Changing the billing cycle anchor"): the unused time credited, a full
+period from now invoiced as a period invoice and charged by the close. docs/decisions/0147.
+
 The prorated period is the billing period containing the change's instant, and only once it has
 been invoiced: before the first invoice (or in a trial) the next invoice bills the new items whole.
 A change locks the subscription ``FOR UPDATE`` (first in the lock order of
