@@ -16,18 +16,22 @@ HAVING count(*) > 1;
 -- name: invoice_periods_disjoint
 -- The non-void invoices of a subscription cover disjoint periods (no period billed twice under another start). The
 -- one overlap allowed is a restarted cycle's first period (billing_cycle_anchor=now, docs/decisions/0147): it starts
--- inside the period before, whose unused rest was credited.
+-- inside the period before, whose unused rest was credited. Its invoice records the restart (or, re-issued after a
+-- void, the voided one does).
 SELECT id AS ref,
        'period [' || period_start || ', ' || period_end || ') overlaps invoice ' || prev_id
        || ' [' || prev_start || ', ' || prev_end || ')' AS detail
-FROM (SELECT id, period_start, period_end, previous_billing_cycle_anchor,
+FROM (SELECT id, subscription_id, period_start, period_end,
              lag(id) OVER w AS prev_id, lag(period_start) OVER w AS prev_start,
              lag(period_end) OVER w AS prev_end
       FROM billing_invoice
       WHERE status <> 'void' AND subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
       WINDOW w AS (PARTITION BY subscription_id ORDER BY period_start, id)) x
 WHERE prev_end > period_start AND prev_start <> period_start
-  AND NOT (previous_billing_cycle_anchor IS NOT NULL AND prev_start < period_start);
+  AND NOT (prev_start < period_start
+           AND EXISTS (SELECT 1 FROM billing_invoice r
+                       WHERE r.subscription_id = x.subscription_id AND r.period_start = x.period_start
+                         AND r.previous_billing_cycle_anchor IS NOT NULL));
 
 -- name: subscription_periods_contiguous
 -- A subscription's invoiced periods follow each other without a gap: each starts where the previous one ended (no

@@ -324,3 +324,32 @@ def test_a_restart_killed_after_its_commit_is_charged_once_by_the_next_drain(boo
     assert [e.request.params["amount"] for e in stripe_proxy.entries(CHARGES)] == ["1000", "347"]
     sub.refresh_from_db()
     assert (sub.next_billing_at, sub.periods_billed) == (datetime(2027, 5, 11, 10, tzinfo=UTC), 1)
+
+
+def test_a_restart_invoice_voided_before_its_charge_is_reissued_on_the_new_cycle(book, acme, stripe_proxy, monkeypatch):
+    # Voided while still a draft (its close never ran), the restart's invoice leaves the one-per-period index and
+    # the next drain re-issues the period, as for any period (decision 0013). The credit stays with the voided
+    # invoice, as any item swept onto an invoice does, so the re-issue bills 1,000. The book fixture's doctor
+    # accepts the re-issue's overlap with April: the voided invoice recorded the restart.
+    from billing.services import changes
+
+    clock, sub = _clocked(book, acme.tenant)
+    _move(clock, APR_11_10H)
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(changes, "close_subscription_period", killed)
+    with pytest.raises(Killed):
+        changes.restart_cycle(tenant_id=sub.tenant_id, livemode=False, subscription_id=sub.id)
+    monkeypatch.undo()
+    (draft,) = Invoice.objects.filter(subscription=sub, period_start=APR_11_10H)
+    assert Api(acme.test).post(f"/v1/invoices/{draft.id}/void", {})[0] == 200
+
+    _drain(acme.tenant, clock)
+
+    reissued = Invoice.objects.exclude(status="void").get(subscription=sub, period_start=APR_11_10H)
+    assert reissued.previous_billing_cycle_anchor is None
+    assert (reissued.total, reissued.status) == (1000, "paid")
+    sub.refresh_from_db()
+    assert (sub.next_billing_at, sub.periods_billed) == (datetime(2027, 5, 11, 10, tzinfo=UTC), 1)
