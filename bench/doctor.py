@@ -4,7 +4,7 @@
 
 Seeds a throw-away database (``bench_doctor``, created and migrated, dropped at the end) on the
 embedded PostgreSQL or ``DATABASE_URL`` with a clean book written by COPY: per subscription a
-customer with a credit grant applied to its first invoice, ``--periods`` monthly invoices
+customer with a credit grant applied to its first invoice, one subscription item, ``--periods`` monthly invoices
 (line, payment attempt, ``invoice.created/finalized/paid`` events), and one webhook endpoint per
 tenant whose ``invoice.paid`` deliveries succeeded with one attempt each. 20 000 × 5 is 100 000
 invoices and about 1.1 million rows in all. Then runs the sweep ``--rounds`` times and prints
@@ -75,6 +75,7 @@ def seed(subscriptions: int, periods: int, tenants: int) -> int:
             "billing_price",
             "billing_customer",
             "billing_subscription",
+            "billing_subscriptionitem",
             "billing_invoice",
             "billing_invoicelineitem",
             "billing_paymentattempt",
@@ -275,6 +276,17 @@ def seed(subscriptions: int, periods: int, tenants: int) -> int:
                 "next_billing_at": end,
                 "created_at": now,
                 "updated_at": now,
+            }
+        )
+        tables["billing_subscriptionitem"].append(
+            {
+                "id": new_id("si"),
+                "tenant_id": t["id"],
+                **scope,
+                "subscription_id": subscription_id,
+                "price_id": t["price"],
+                "quantity": 1,
+                "created_at": now,
             }
         )
         event(t["id"], "subscription.created", subscription_id, now)

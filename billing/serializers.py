@@ -208,6 +208,17 @@ class SubscriptionUpdate(StrictSerializer):
         help_text="`period_end`: nothing is prorated; the next period's invoice bills the new items (a scheduled "
         "change, shown as `scheduled_change`).",
     )
+    billing_cycle_anchor = StrictChoiceField(
+        choices=["unchanged", "now"],
+        required=False,
+        default="unchanged",
+        help_text="`now`: restart the billing cycle at this instant (the test clock's time on a clock): the unused "
+        "time of the current period is credited (unless `proration_behavior` is `none`) and a full period from "
+        "now is invoiced and charged at once. 422 `billing_cycle_anchor_conflict` with `effective_at=period_end`, "
+        "`proration_date`, `pause_collection` or a cancellation at period end; 422 "
+        "`billing_cycle_anchor_unavailable` in a trial, while collection is paused, before the current period "
+        "is invoiced, or at the current period's very start.",
+    )
     pause_collection = PauseCollection(
         required=False,
         allow_null=True,

@@ -91,6 +91,7 @@ _MINIMUM_CHARGE = sorted(MINIMUM_CHARGE.items())
 # within a file, checks run in the file's order.
 CHECK_FILES: tuple[str, ...] = (
     "invoices",
+    "items",
     "payments",
     "ledger",
     "tenancy",

@@ -174,7 +174,9 @@ class SubscriptionDetailView(ApiView):
         "paused nothing is charged, dunning included; each period that comes due is still invoiced once and "
         "advances, its invoice settled as `behavior` says. A change of items and a pause are separate requests "
         "(422 `pause_with_items` for both in one body: a change may charge an invoice at once, which a pause "
-        "in the same request would forbid). 422 `resumes_at_in_past` for a `resumes_at` not after the "
+        "in the same request would forbid). `billing_cycle_anchor: now` restarts the billing cycle now: the "
+        "unused time is credited and a full period from now invoiced and charged at once (422 codes in the "
+        "field's description). 422 `resumes_at_in_past` for a `resumes_at` not after the "
         "subscription's current time; `subscription_canceled` (409 for a change, 422 for a pause) when the "
         "subscription is canceled.",
         tags=["subscriptions"],
@@ -186,6 +188,12 @@ class SubscriptionDetailView(ApiView):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
         if "pause_collection" in data:
+            if data["billing_cycle_anchor"] != changes.ANCHOR_UNCHANGED:
+                raise InvalidRequestError(
+                    "Restart the billing cycle and pause collection in separate requests.",
+                    code="billing_cycle_anchor_conflict",
+                    param="billing_cycle_anchor",
+                )
             if "items" in data:
                 raise InvalidRequestError(
                     "Send a change of items and a pause of collection as separate requests.",
@@ -201,6 +209,7 @@ class SubscriptionDetailView(ApiView):
             proration_behavior=data["proration_behavior"],
             proration_date=data.get("proration_date"),
             effective_at=data["effective_at"],
+            billing_cycle_anchor=data["billing_cycle_anchor"],
         )
         return Response(subscription_data(subscription))
 

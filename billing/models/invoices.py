@@ -39,6 +39,10 @@ class Invoice(TenantScoped):
     # A change invoiced at once: the change's own id (``subscription_update`` invoices), UNIQUE, so one
     # change makes one invoice however often it is retried.
     change_key = models.CharField(max_length=80, null=True, blank=True, unique=True)
+    # The invoice of the first period of a cycle restarted by ``billing_cycle_anchor=now`` (docs/decisions/0147):
+    # the anchor the subscription had before. Null on every other invoice. The periods before this invoice are
+    # on that anchor's cycle, so the doctor can still check each against its own cycle.
+    previous_billing_cycle_anchor = models.DateTimeField(null=True, blank=True)
     currency = models.CharField(max_length=3)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()

@@ -48,7 +48,9 @@ class InvoiceItem(TenantScoped):
     once, when an invoice sweeps the item, under the item's row lock and only while it is null;
     the invoice line made from it points back to it through a UNIQUE column, so an item is billed
     at most once whatever races for it. ``proration`` items come from a subscription change
-    (:mod:`billing.services.changes`) and cover ``[period_start, period_end)``.
+    (:mod:`billing.services.changes`) and cover ``[period_start, period_end)``; their amount is
+    ``proration_full_amount × proration_remaining_s / proration_period_s`` rounded once
+    (:func:`billing.services.proration.prorate`), its inputs recorded on the item.
     """
 
     id = id_field("invoice_item")
@@ -67,6 +69,11 @@ class InvoiceItem(TenantScoped):
     proration = models.BooleanField(default=False)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
+    # A proration's inputs (docs/decisions/0146): ``amount = prorate(proration_full_amount,
+    # proration_remaining_s, proration_period_s)``, recorded so the doctor can recompute it; null otherwise.
+    proration_full_amount = models.BigIntegerField(null=True, blank=True)
+    proration_remaining_s = models.BigIntegerField(null=True, blank=True)
+    proration_period_s = models.BigIntegerField(null=True, blank=True)
     # The billing time it was created at (the wall clock, or the customer's test clock).
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -13,6 +13,10 @@ https://docs.stripe.com/billing/subscriptions/prorations):
   change makes one invoice;
 - ``none``: the new items apply from now, nothing is prorated.
 
+``billing_cycle_anchor: "now"`` restarts the billing cycle at the change's instant instead
+(:func:`restart_cycle`, Stripe's "Changing the billing cycle anchor"): the unused time credited, a full
+period from now invoiced as a period invoice and charged by the close. docs/decisions/0147.
+
 The prorated period is the billing period containing the change's instant, and only once it has
 been invoiced: before the first invoice (or in a trial) the next invoice bills the new items whole.
 A change locks the subscription ``FOR UPDATE`` (first in the lock order of
@@ -24,8 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import NoReturn
 
 from django.db import connection, transaction
 
@@ -34,14 +39,21 @@ from billing.lock_objects import customer_locked, subscription_qs_select_for_upd
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice
-from billing.representations import scheduled_change_data, subscription_data, subscription_item_data
+from billing.representations import iso, scheduled_change_data, subscription_data, subscription_item_data
 from billing.services.catalog import billing_now, check_items_agree
 from billing.services.catalog import cancel_subscription as catalog_cancel
-from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
+from billing.services.close import (
+    apply_tax,
+    close_subscription_period,
+    finalize_or_pend_locked,
+    materialise_period_invoice,
+    tax_quote,
+)
 from billing.services.invoices import InvoiceStateError, pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
 from billing.services.ledger import credit_proration_locked, set_balance_applied
 from billing.services.lines import item_line, pending_for, period_description
+from billing.services.pausing import collection_paused
 from billing.services.payments import PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
@@ -51,13 +63,23 @@ CREATE_PRORATIONS, ALWAYS_INVOICE, NONE = "create_prorations", "always_invoice",
 PRORATION_BEHAVIORS = (CREATE_PRORATIONS, ALWAYS_INVOICE, NONE)
 
 BUSINESS_RULE_CODES = business_rule_codes(
-    "item_mismatch", "item_duplicate_price", "items_empty", "proration_date_out_of_range", "prorate_conflict"
+    "item_mismatch",
+    "item_duplicate_price",
+    "items_empty",
+    "proration_date_out_of_range",
+    "prorate_conflict",
+    "billing_cycle_anchor_conflict",
+    "billing_cycle_anchor_unavailable",
 )
+
+# ``billing_cycle_anchor`` of an update (Stripe's): keep the cycle, or restart it at the change's instant.
+ANCHOR_UNCHANGED, ANCHOR_NOW = "unchanged", "now"
 
 
 @dataclass
 class ProrationLine:
-    """One proration: signed ``amount`` minor units for ``quantity × price`` over ``[period_start, period_end)``."""
+    """One proration: signed ``amount`` minor units for ``quantity × price`` over ``[period_start, period_end)``,
+    ``prorate(full_amount, remaining_s, period_s)`` (its inputs kept for the item that records it)."""
 
     description: str
     price: Price
@@ -65,6 +87,9 @@ class ProrationLine:
     amount: int
     period_start: datetime
     period_end: datetime
+    full_amount: int = 0
+    remaining_s: int = 0
+    period_s: int = 0
 
 
 @dataclass
@@ -205,10 +230,20 @@ def _prorations(plan: ChangePlan) -> list[ProrationLine]:
     lines = []
 
     def line(words: str, price: Price, quantity: int, sign: int) -> None:
-        amount = prorate(sign * quantity * price.amount, remaining_s, period_s)
+        full = sign * quantity * price.amount
         name = price.nickname or "Subscription"
         lines.append(
-            ProrationLine(f"{words} {quantity} × {name} after {_day(plan.at)}", price, quantity, amount, plan.at, end)
+            ProrationLine(
+                f"{words} {quantity} × {name} after {_day(plan.at)}",
+                price,
+                quantity,
+                prorate(full, remaining_s, period_s),
+                plan.at,
+                end,
+                full,
+                remaining_s,
+                period_s,
+            )
         )
 
     for item in plan.before:
@@ -292,8 +327,12 @@ def change_subscription(
     proration_behavior: str = CREATE_PRORATIONS,
     proration_date: int | None = None,
     effective_at: str = "immediately",
+    billing_cycle_anchor: str = ANCHOR_UNCHANGED,
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
+
+    ``billing_cycle_anchor="now"`` restarts the billing cycle at the change's instant instead
+    (:func:`restart_cycle`; its invoice is returned).
 
     Writes the items, the proration items (pending, or on the change's own invoice) and
     ``subscription.updated`` with ``previous_attributes.items``, in one transaction under the
@@ -305,6 +344,16 @@ def change_subscription(
     :class:`InvalidRequestError` (see :func:`plan_change`) and :class:`StateConflictError` (a
     canceled subscription).
     """
+    if billing_cycle_anchor == ANCHOR_NOW:
+        return restart_cycle(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            subscription_id=subscription_id,
+            items=items,
+            proration_behavior=proration_behavior,
+            proration_date=proration_date,
+            effective_at=effective_at,
+        )
     with transaction.atomic():
         sub = _subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
@@ -345,6 +394,124 @@ def change_subscription(
     return sub, invoice
 
 
+def _refuse_restart(
+    message: str, *, code: str = "billing_cycle_anchor_unavailable", param: str = "billing_cycle_anchor"
+) -> NoReturn:
+    raise InvalidRequestError(message, code=code, param=param)
+
+
+def _restartable_period(sub: Subscription, at: datetime) -> tuple[datetime, datetime]:
+    """The current period ``[start, end)`` that a restart at ``at`` cuts short; raises :class:`InvalidRequestError`
+    (``billing_cycle_anchor_unavailable``/``_conflict``) when the subscription's state leaves no clear answer."""
+    if sub.status == Subscription.TRIALING:
+        _refuse_restart("A trialing subscription's cycle starts when its trial ends; end the trial first.")
+    if sub.cancel_at_period_end:
+        _refuse_restart(
+            "The subscription cancels at its period end; a restarted cycle would move that end.",
+            code="billing_cycle_anchor_conflict",
+        )
+    if collection_paused(sub, now=at):
+        _refuse_restart("Collection is paused: a restarted cycle's invoice could not be charged now; resume first.")
+    period = invoiced_period(sub, at)
+    if period is None or sub.next_billing_at != period[1]:
+        # Not invoiced yet (the first period, or a close that has not happened or failed): there is no paid
+        # cycle to cut short, and the period due would be skipped.
+        _refuse_restart("The current billing period has not been invoiced yet; try again once it has been.")
+    if period[0] == at:
+        _refuse_restart("The billing cycle already starts now.")
+    return period
+
+
+def restart_cycle(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    subscription_id: str,
+    items: list[dict] | None = None,
+    proration_behavior: str = CREATE_PRORATIONS,
+    proration_date: int | None = None,
+    effective_at: str = "immediately",
+) -> tuple[Subscription, Invoice]:
+    """``billing_cycle_anchor=now``: restart the subscription's billing cycle at the change's instant; returns it and
+    the new period's invoice (charged, or as the close left it: declined, waiting for tax).
+
+    Stripe's "Changing the billing cycle anchor" (https://docs.stripe.com/billing/subscriptions/billing-cycle):
+    at ``at`` (now, whole seconds, the test clock's time on a clock) the items become ``items`` (as
+    :func:`plan_change`), each item the period ``[start, end)`` billed is credited its unused time
+    (``-quantity × amount × (end − at) / (end − start)``, one rounding per line,
+    :func:`billing.services.proration.prorate`) as a pending proration item, unless ``proration_behavior`` is
+    ``none``; ``always_invoice`` is the same as ``create_prorations`` here, the credit being invoiced at once
+    either way. The anchor becomes ``at``, and the new period ``[at, at + interval)`` is invoiced in the same
+    transaction through the close's insert (the one-per-period UNIQUE index; the invoice sweeps the credit
+    and any other pending item, and records the anchor before in ``previous_billing_cycle_anchor``). After
+    commit the close charges it (:func:`billing.services.close.close_subscription_period`); a request killed
+    in between leaves the period due, and the next drain closes it. docs/decisions/0147-billing-cycle-anchor-now.md.
+
+    Raises :class:`InvalidRequestError` (``billing_cycle_anchor_conflict`` with ``effective_at=period_end``,
+    a ``proration_date`` or ``cancel_at_period_end``; ``billing_cycle_anchor_unavailable`` in a trial, while
+    collection is paused, before the current period is invoiced or at its very start; as :func:`plan_change`),
+    :class:`NotFoundError`, :class:`StateConflictError` (canceled).
+    """
+    if effective_at == PERIOD_END:
+        _refuse_restart(
+            "billing_cycle_anchor=now restarts the cycle now; it cannot wait for the period end.",
+            code="billing_cycle_anchor_conflict",
+            param="effective_at",
+        )
+    if proration_date is not None:
+        _refuse_restart(
+            "billing_cycle_anchor=now prorates at the restart itself; proration_date cannot be given.",
+            code="billing_cycle_anchor_conflict",
+            param="proration_date",
+        )
+    with transaction.atomic():
+        sub = _subscription_locked(tenant_id, livemode, subscription_id)
+        if sub.status == Subscription.CANCELED:
+            raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        now = billing_now(sub.test_clock)
+        at = whole_seconds(now)
+        _restartable_period(sub, at)
+        plan = plan_change(sub, items, proration_behavior=NONE)
+        if proration_behavior != NONE:
+            # The whole old cycle ends at ``at``: every item's unused time is credited, kept items too; the new
+            # items are billed whole by the new period's invoice, so nothing is charged for the rest.
+            plan.prorations = _prorations(replace(plan, after=[]))
+        previous_items = [subscription_item_data(item) for item in plan.before]
+        previous_anchor = sub.billing_cycle_anchor
+        sub.scheduled_items = None  # an immediate change replaces a scheduled one
+        write_items_locked(sub, plan, now)
+        _write_prorations(sub, plan, now)
+        price = sub.price
+        sub.billing_cycle_anchor = at
+        sub.periods_billed = 0
+        sub.next_billing_at = at
+        sub.save(
+            update_fields=["billing_cycle_anchor", "periods_billed", "next_billing_at", "scheduled_items", "updated_at"]
+        )
+        start, end = period_bounds(at, price.interval, price.interval_count, 0)
+        inserted = materialise_period_invoice(sub, start, end, now, previous_billing_cycle_anchor=previous_anchor)
+        if inserted is None:  # only a second restart in this same second gets here
+            raise StateConflictError(
+                f"The billing cycle of subscription '{sub.id}' was restarted at this instant already.",
+                code="billing_cycle_anchor_restarted",
+            )
+        data = subscription_data(sub)
+        data["previous_attributes"] = {"billing_cycle_anchor": iso(previous_anchor)}
+        if data["items"]["data"] != previous_items:
+            data["previous_attributes"]["items"] = {"object": "list", "data": previous_items}
+        emit_for(sub, "subscription.updated", data, created_at=now)
+        invoice_id = inserted[0].id
+    close_subscription_period(
+        sub.id,
+        periods_billed=0,
+        run=None,
+        as_of=now if sub.test_clock_id else None,
+        test_clock_id=sub.test_clock_id,
+    )
+    sub.refresh_from_db()
+    return sub, Invoice.objects.get(pk=invoice_id)
+
+
 def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> list[InvoiceItem]:
     items = [
         InvoiceItem(
@@ -360,6 +527,9 @@ def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> lis
             proration=True,
             period_start=line.period_start,
             period_end=line.period_end,
+            proration_full_amount=line.full_amount,
+            proration_remaining_s=line.remaining_s,
+            proration_period_s=line.period_s,
             created_at=now,
         )
         for line in plan.prorations

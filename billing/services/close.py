@@ -327,16 +327,24 @@ def _prepare(
 
 
 def materialise_period_invoice(
-    sub: Subscription, start: datetime, end: datetime, now: datetime, *, sweep: bool = True
+    sub: Subscription,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    *,
+    sweep: bool = True,
+    previous_billing_cycle_anchor: datetime | None = None,
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
     """Insert the period's draft invoice and its lines unless one exists; the new invoice and its lines, or None.
 
     The lines are one per subscription item, then (``sweep``) one per pending invoice item swept in
     (:func:`billing.services.lines.sweep_pending_locked`). An invoice that will never be collected
     (a paused period's) passes ``sweep=False``: its pending items stay pending for the next one.
+    ``previous_billing_cycle_anchor``: the first period of a restarted cycle records the anchor it replaced.
     """
     items = items_by_subscription([sub.id])[sub.id]
     invoice, lines = new_draft_invoice(sub, start, end, now, items)
+    invoice.previous_billing_cycle_anchor = previous_billing_cycle_anchor
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
         return None

@@ -34,6 +34,7 @@ from billing.queries import claim_due_page, lock_due_subscription, next_invoice_
 from billing.representations import iso, pause_collection_data, subscription_data
 from billing.services.catalog import billing_now
 from billing.services.close import cancel_at_period_end_locked, mark_finalized, materialise_period_invoice
+from billing.services.items import apply_scheduled_locked
 from billing.services.payments import advance_period_locked, billing_time, clear_failure_state
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.fencing import NO_FENCE, Fence
@@ -220,6 +221,11 @@ def _invoice_paused_period(
         if sub.cancel_at_period_end:
             cancel_at_period_end_locked(sub, None, now)
             return None
+        if sub.scheduled_items and apply_scheduled_locked(sub, now):
+            # A change scheduled for the period's end takes effect at that boundary, collected or not (as in
+            # Stripe, where a pause changes what becomes of invoices, not the subscription): the paused invoice
+            # bills the new items, and so does every period after it. docs/decisions/0148.
+            sub = Subscription.objects.select_related("price").get(pk=subscription_id)
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
         inserted = materialise_period_invoice(sub, start, end, now, sweep=False)

@@ -14,17 +14,24 @@ GROUP BY subscription_id, period_start
 HAVING count(*) > 1;
 
 -- name: invoice_periods_disjoint
--- The non-void invoices of a subscription cover disjoint periods (no period billed twice under another start).
+-- The non-void invoices of a subscription cover disjoint periods (no period billed twice under another start). The
+-- one overlap allowed is a restarted cycle's first period (billing_cycle_anchor=now, docs/decisions/0147): it starts
+-- inside the period before, whose unused rest was credited. Its invoice records the restart (or, re-issued after a
+-- void, the voided one does).
 SELECT id AS ref,
        'period [' || period_start || ', ' || period_end || ') overlaps invoice ' || prev_id
        || ' [' || prev_start || ', ' || prev_end || ')' AS detail
-FROM (SELECT id, period_start, period_end,
+FROM (SELECT id, subscription_id, period_start, period_end,
              lag(id) OVER w AS prev_id, lag(period_start) OVER w AS prev_start,
              lag(period_end) OVER w AS prev_end
       FROM billing_invoice
       WHERE status <> 'void' AND subscription_id IS NOT NULL AND billing_reason = 'subscription_cycle'
       WINDOW w AS (PARTITION BY subscription_id ORDER BY period_start, id)) x
-WHERE prev_end > period_start AND prev_start <> period_start;
+WHERE prev_end > period_start AND prev_start <> period_start
+  AND NOT (prev_start < period_start
+           AND EXISTS (SELECT 1 FROM billing_invoice r
+                       WHERE r.subscription_id = x.subscription_id AND r.period_start = x.period_start
+                         AND r.previous_billing_cycle_anchor IS NOT NULL));
 
 -- name: subscription_periods_contiguous
 -- A subscription's invoiced periods follow each other without a gap: each starts where the previous one ended (no
@@ -89,17 +96,30 @@ WHERE s.next_billing_at IS NOT NULL
 -- name: invoice_period_on_billing_cycle
 -- Every invoice period is one period of its subscription's cycle: [anchor + n × interval, anchor + (n+1) ×
 -- interval) from the billing cycle anchor (or the trial end), computed from the anchor (docs/reference/domain.md); a
--- change invoiced at once bills the rest of a period from the change.
+-- change invoiced at once bills the rest of a period from the change. An invoice before a restarted cycle
+-- (billing_cycle_anchor=now, docs/decisions/0147) is on the anchor that the next restart replaced.
+WITH restarts AS (
+    SELECT subscription_id, period_start, previous_billing_cycle_anchor
+    FROM billing_invoice WHERE previous_billing_cycle_anchor IS NOT NULL
+), earlier_cycle AS (
+    SELECT DISTINCT ON (i.id) i.id, r.previous_billing_cycle_anchor AS anchor
+    FROM billing_invoice i
+    JOIN restarts r ON r.subscription_id = i.subscription_id AND r.period_start > i.period_start
+    WHERE i.billing_reason = 'subscription_cycle'
+    ORDER BY i.id, r.period_start
+)
 SELECT i.id AS ref,
        'period [' || i.period_start || ', ' || i.period_end || ') is not a period of '
-       || p.interval_count || ' ' || p.interval || ' anchored at ' || s.billing_cycle_anchor AS detail
+       || p.interval_count || ' ' || p.interval || ' anchored at ' || a.anchor AS detail
 FROM billing_invoice i
 JOIN billing_subscription s ON s.id = i.subscription_id
 JOIN billing_price p ON p.id = s.price_id
+LEFT JOIN earlier_cycle e ON e.id = i.id
+CROSS JOIN LATERAL (SELECT coalesce(e.anchor, s.billing_cycle_anchor) AS anchor) a
 -- The nearest period index n with anchor + n × interval ≈ period_start, from either anchor;
 -- the WHERE clause then checks start and end exactly.
 CROSS JOIN LATERAL (
-    SELECT round(extract(epoch FROM (i.period_start - s.billing_cycle_anchor)) / 86400.0 / p.interval_count
+    SELECT round(extract(epoch FROM (i.period_start - a.anchor)) / 86400.0 / p.interval_count
                  / CASE p.interval WHEN 'day' THEN 1 WHEN 'week' THEN 7 WHEN 'month' THEN 30.436875
                                    ELSE 365.2425 END)::int AS from_anchor,
            round(extract(epoch FROM (i.period_start - s.trial_end)) / 86400.0 / p.interval_count
@@ -107,13 +127,13 @@ CROSS JOIN LATERAL (
                                    ELSE 365.2425 END)::int AS from_trial_end
 ) n
 WHERE i.billing_reason = 'subscription_cycle'
-  AND NOT (s.billing_cycle_anchor IS NOT NULL AND n.from_anchor >= 0
-           AND i.period_start = s.billing_cycle_anchor + make_interval(
+  AND NOT (a.anchor IS NOT NULL AND n.from_anchor >= 0
+           AND i.period_start = a.anchor + make_interval(
                years => CASE p.interval WHEN 'year' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
                months => CASE p.interval WHEN 'month' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
                weeks => CASE p.interval WHEN 'week' THEN p.interval_count * (n.from_anchor) ELSE 0 END,
                days => CASE p.interval WHEN 'day' THEN p.interval_count * (n.from_anchor) ELSE 0 END)
-           AND i.period_end = s.billing_cycle_anchor + make_interval(
+           AND i.period_end = a.anchor + make_interval(
                years => CASE p.interval WHEN 'year' THEN p.interval_count * (n.from_anchor + 1) ELSE 0 END,
                months => CASE p.interval WHEN 'month' THEN p.interval_count * (n.from_anchor + 1) ELSE 0 END,
                weeks => CASE p.interval WHEN 'week' THEN p.interval_count * (n.from_anchor + 1) ELSE 0 END,

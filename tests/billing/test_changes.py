@@ -456,3 +456,28 @@ def test_the_reconciler_leaves_an_uncharged_change_invoice_of_a_paused_subscript
     update_pause_collection(**pause, pause_collection=None)
     assert reconcile(livemode=False)["payments_resolved"] == 1
     assert Invoice.objects.get(pk=invoice.pk).status == "paid"
+
+
+def test_the_migration_gives_earlier_prorations_back_the_inputs_the_change_records(book, acme, stripe_proxy):
+    # Migration 0015 backfills proration items written before it: the same inputs the change writes today
+    # (−1000 and +2999 over 1,692,000 of April's 2,592,000 s), so the doctor's recomputation holds for them too.
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("billing.migrations.0015_proration_inputs_and_cycle_restart")
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    pro = _pro(book, acme.tenant, 2999)
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+    assert (
+        Api(acme.test).post(f"/v1/subscriptions/{sub.id}", {"items": [{"id": _item(sub).id, "price": pro.id}]})[0]
+        == 200
+    )
+    fields = ("amount", "proration_full_amount", "proration_remaining_s", "proration_period_s")
+    recorded = list(InvoiceItem.objects.filter(subscription=sub).order_by("id").values_list(*fields))
+    assert recorded == [(-653, -1000, 1_692_000, 2_592_000), (1958, 2999, 1_692_000, 2_592_000)]
+
+    InvoiceItem.objects.update(proration_full_amount=None, proration_remaining_s=None, proration_period_s=None)
+    migration.backfill(apps, None)
+
+    assert list(InvoiceItem.objects.filter(subscription=sub).order_by("id").values_list(*fields)) == recorded

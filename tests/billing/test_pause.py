@@ -399,3 +399,57 @@ def test_a_pending_invoice_item_waits_out_the_pause_for_the_first_invoice_that_i
     item.refresh_from_db()
     assert (item.invoice_id, march.status, march.amount_paid) == (march.id, "paid", 1000 + 250)
     assert InvoiceItem.objects.filter(pk=item.pk, invoice__isnull=False).count() == 1
+
+
+def test_a_change_scheduled_for_the_period_end_applies_at_the_boundary_while_collection_is_paused(
+    book, tenant, stripe_proxy
+):
+    # 3 × 1,000 scheduled down to 1 × 1,000 plus a 2,500 item at February's start, then paused
+    # (mark_uncollectible, so February's invoice keeps its lines): February bills 1,000 + 2,500 = 3,500 uncollected,
+    # and after the resume March charges the same 3,500. Without the change applied at the boundary February would
+    # bill 3,000 and the schedule would wait for the first collected period.
+    from billing.models import SubscriptionItem
+    from billing.services.catalog import create_price, create_subscription
+    from billing.services.changes import change_subscription
+
+    clock = make_clock(tenant, START)
+    customer = book.customer(tenant, clock=clock)
+    seat = create_price(tenant_id=tenant.id, livemode=False, amount=1000, currency="usd", interval="month")
+    addon = create_price(tenant_id=tenant.id, livemode=False, amount=2500, currency="usd", interval="month")
+    sub = create_subscription(
+        tenant_id=tenant.id, livemode=False, customer_id=customer.id, items=[{"price": seat.id, "quantity": 3}]
+    )
+    clock = advance(clock, START + DAY)  # January: 3,000 charged
+    assert _invoices(sub)[0].amount_paid == 3000
+    (seats,) = SubscriptionItem.objects.filter(subscription=sub)
+    change_subscription(
+        tenant_id=sub.tenant_id,
+        livemode=False,
+        subscription_id=sub.id,
+        items=[{"id": seats.id, "quantity": 1}, {"price": addon.id}],
+        effective_at="period_end",
+    )
+    _pause(sub, "mark_uncollectible")
+    stripe_proxy.clear()
+
+    clock = advance(clock, datetime(2027, 2, 15, tzinfo=UTC))
+
+    _january, february = _invoices(sub)
+    assert [(line.quantity, line.amount) for line in february.lines.order_by("id")] == [(1, 1000), (1, 2500)]
+    assert (february.total, february.status, february.amount_paid) == (3500, Invoice.UNCOLLECTIBLE, 0)
+    sub.refresh_from_db()
+    assert sub.scheduled_items is None
+    assert sorted(SubscriptionItem.objects.filter(subscription=sub).values_list("quantity", "price__amount")) == [
+        (1, 1000),
+        (1, 2500),
+    ]
+    applied = [
+        e for e in events("subscription.updated", data__id=sub.id) if "items" in e.data.get("previous_attributes", {})
+    ]
+    assert [e.data["previous_attributes"]["items"]["data"][0]["quantity"] for e in applied] == [3]
+    assert stripe_proxy.entries(CHARGES) == []
+
+    _resume(sub)
+    advance(clock, datetime(2027, 3, 2, tzinfo=UTC))
+    *_, march = _invoices(sub)
+    assert (march.total, march.status, march.amount_paid) == (3500, "paid", 3500)

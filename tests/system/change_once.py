@@ -7,16 +7,23 @@ and applies each change (``--subscription`` may be repeated; ``--behavior`` cycl
 :func:`billing.services.changes.change_subscription`, then prints one JSON line
 ``{"changed": [...], "invoices": [...], "errors": [...]}``.
 
+``--billing-cycle-anchor now`` restarts each subscription's billing cycle with the change
+(:func:`billing.services.changes.restart_cycle`); its ``invoices`` are the new periods' invoices.
+
 ``--kill-at`` SIGKILLs the process (no ``finally``, no rollback by Python) at a point of the first
 change, logging ``fault_point_reached point=…`` first:
 
 - ``after_invoice_commit``: the change's transaction (items, proration items, its invoice, finalised)
   has committed; ``pay_invoice`` has not been called;
 - ``after_charge``: the gateway answered the change's charge (the PaymentIntent exists), nothing of
-  the answer is recorded: the attempt stays ``unknown``.
+  the answer is recorded: the attempt stays ``unknown``;
+- ``after_restart_commit``: a restart's transaction (items, the credit, the anchor, the new period's
+  draft invoice) has committed; the close that charges it has not started;
+- ``after_restart_charge``: the restart's close sent the charge and the gateway answered; nothing of the
+  answer is recorded.
 
-The points wrap the module globals the change calls (``changes.pay_invoice``, ``invoices.send``), so
-the service carries no seam for them.
+The points wrap the module globals the change calls (``changes.pay_invoice``, ``invoices.send``,
+``changes.close_subscription_period``, ``close.send``), so the service carries no seam for them.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import os
 import signal
 import sys
 
-KILL_POINTS = ("after_invoice_commit", "after_charge")
+KILL_POINTS = ("after_invoice_commit", "after_charge", "after_restart_commit", "after_restart_charge")
 
 
 def _die(point: str) -> None:
@@ -37,18 +44,21 @@ def _die(point: str) -> None:
 
 
 def _arm(point: str) -> None:
-    from billing.services import changes, invoices
+    from billing.services import changes, close, invoices
 
     if point == "after_invoice_commit":
         changes.pay_invoice = lambda *args, **kwargs: _die(point)
-    elif point == "after_charge":
-        send = invoices.send
+    elif point == "after_restart_commit":
+        changes.close_subscription_period = lambda *args, **kwargs: _die(point)
+    elif point in ("after_charge", "after_restart_charge"):
+        module = invoices if point == "after_charge" else close
+        send = module.send
 
         def send_then_die(plan):
             send(plan)
             _die(point)
 
-        invoices.send = send_then_die
+        module.send = send_then_die
 
 
 def main() -> None:
@@ -58,6 +68,7 @@ def main() -> None:
     parser.add_argument("--quantity", type=int, action="append", required=True)
     parser.add_argument("--behavior", action="append", required=True)
     parser.add_argument("--kill-at", choices=KILL_POINTS)
+    parser.add_argument("--billing-cycle-anchor", choices=("unchanged", "now"), default="unchanged")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -89,6 +100,7 @@ def main() -> None:
                 subscription_id=subscription_id,
                 items=[{"id": item.id, "quantity": quantity}],
                 proration_behavior=behavior,
+                billing_cycle_anchor=args.billing_cycle_anchor,
             )
         except ServiceError as exc:  # a refused change is an answer the test reads, not a crash
             errors.append({"subscription": subscription_id, "error": str(exc)})

@@ -7,6 +7,12 @@
    (``create_prorations`` and ``always_invoice``, in the opposite order, so they meet): no period billed twice,
    every proration line on exactly one invoice or still pending, each period billed at the quantity the change
    left it (a period billed at 3 has its prorations, one billed at 5 none), the doctor clean.
+3. A ``billing_cycle_anchor=now`` restart (3 → 5 seats) SIGKILLed after its commit (the new period's invoice a
+   draft, due) and after its close's charge reached the gateway (nothing recorded): a runscheduler's billing tick
+   finishes it, the new period is invoiced once and paid by one PaymentIntent, the doctor clean.
+
+Each experiment records its row of the failure-correctness report (``make correctness``,
+docs/benchmarks/failure-correctness.md).
 """
 
 from __future__ import annotations
@@ -24,15 +30,25 @@ import pytest
 from dateutil.relativedelta import relativedelta
 from django.db import transaction
 
-from billing.models import Invoice, InvoiceItem, InvoiceLineItem, PaymentAttempt, Subscription, SubscriptionItem
+from billing.models import (
+    BillingRun,
+    Invoice,
+    InvoiceItem,
+    InvoiceLineItem,
+    PaymentAttempt,
+    Subscription,
+    SubscriptionItem,
+)
 from billing.services.drain import drain_due, reconcile
 from tests.billing.conftest import STRIPE_KEY, VISA, Book
 from tests.system.correctness import (
+    ReportRow,
     age_unknown_attempts,
     billing_env,
     doctor_violations,
     gateway_charges,
     gateway_requests,
+    record_row,
     wait_until,
 )
 from tests.system.harness import BASE_DIR, SchedulerProcess, database_url
@@ -72,12 +88,16 @@ def _start(command: list[str], stripe_proxy, log) -> subprocess.Popen:
     return process
 
 
-def _change_command(tenant_id: str, subs, behaviors: list[str], *, kill_at: str | None = None) -> list[str]:
+def _change_command(
+    tenant_id: str, subs, behaviors: list[str], *, kill_at: str | None = None, restart: bool = False
+) -> list[str]:
     command = ["tests.system.change_once", "--tenant", tenant_id, "--quantity", "5"]
     for sub in subs:
         command += ["--subscription", sub.id]
     for behavior in behaviors:
         command += ["--behavior", behavior]
+    if restart:
+        command += ["--billing-cycle-anchor", "now"]
     return command + (["--kill-at", kill_at] if kill_at else [])
 
 
@@ -131,6 +151,7 @@ def _update_invoices(sub) -> list[Invoice]:
 def test_an_always_invoice_change_killed_mid_way_is_charged_once_by_the_reconciler(
     transactional_db, stripe_proxy, make_card, tmp_path, kill_at
 ):
+    started = time.monotonic()
     tenant, (sub,) = _billed_book(make_card, 1, name=f"Killed {kill_at}")
     with open(tmp_path / "change.log", "w+") as log:
         process = _start(_change_command(tenant.id, [sub], ["always_invoice"], kill_at=kill_at), stripe_proxy, log)
@@ -184,6 +205,20 @@ def test_an_always_invoice_change_killed_mid_way_is_charged_once_by_the_reconcil
     assert InvoiceItem.objects.filter(subscription=sub, proration=True).count() == 2
     assert reconcile(livemode=False)["payments_resolved"] == 0
     assert_doctor_clean()
+    record_row(
+        ReportRow(
+            f"always_invoice change (3 → 5 seats) SIGKILLed {kill_at.replace('_', ' ')}, reconciler finishes",
+            runs=1,
+            kill_points=kill_at,
+            invoices=Invoice.objects.filter(tenant=tenant).count(),
+            duplicates=len(_update_invoices(sub)) - 1,
+            lost=0,
+            doctor_violations=0,
+            wall_s=time.monotonic() - started,
+            note=f"one PaymentIntent ({', '.join(expected)} under one key); 2 proration lines on it once; "
+            "a retried change made no second invoice",
+        )
+    )
 
 
 # --- 2. changes racing the drain ------------------------------------------------------------------------------------
@@ -274,4 +309,97 @@ def test_item_changes_racing_a_drain_process_lose_and_double_no_proration(
             assert on_lines == {}
     assert orders["change first"] and orders["drain first"], f"the race did not happen: {dict(orders)}"
     assert_doctor_clean()
-    print(f"\nchange-drain race: {dict(orders)}, drain {drained}, {time.monotonic() - started:.1f}s")
+    record_row(
+        ReportRow(
+            "item changes racing a drain process (create_prorations / always_invoice), page size 1",
+            runs=RACE_SIZE,
+            kill_points="-",
+            invoices=Invoice.objects.filter(tenant=tenant).count(),
+            duplicates=sum(n - 1 for n in cycle.values()),
+            lost=0,
+            doctor_violations=0,
+            wall_s=time.monotonic() - started,
+            note=f"{orders['change first']} changed before their close (billed whole at 5, no proration), "
+            f"{orders['drain first']} after (billed at 3, prorated once); the drain billed {drained['billed']}, "
+            f"skipped {drained['skipped']}",
+        )
+    )
+
+
+# --- 3. a restarted billing cycle killed mid-way --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kill_at", ["after_restart_commit", "after_restart_charge"])
+def test_a_restarted_billing_cycle_killed_mid_way_is_charged_once_by_the_next_tick(
+    transactional_db, stripe_proxy, make_card, tmp_path, kill_at
+):
+    started = time.monotonic()
+    tenant, (sub,) = _billed_book(make_card, 1, name=f"Restart killed {kill_at}")
+    (first,) = Invoice.objects.filter(subscription=sub)
+    with open(tmp_path / "change.log", "w+") as log:
+        command = _change_command(tenant.id, [sub], ["create_prorations"], kill_at=kill_at, restart=True)
+        process = _start(command, stripe_proxy, log)
+        out, _ = process.communicate("go\n", timeout=60)
+        assert process.returncode == -signal.SIGKILL, f"the change was not killed:\n{out}\n{log.seek(0) or log.read()}"
+    assert f"point={kill_at}" in out
+
+    # What the kill left: the restart committed (5 seats, the credit swept onto the new period's invoice, the
+    # anchor at the restart, the period due); its charge not made, or made and not recorded.
+    sub.refresh_from_db()
+    at = sub.billing_cycle_anchor
+    assert first.period_start < at < first.period_end and (sub.next_billing_at, sub.periods_billed) == (at, 0)
+    assert SubscriptionItem.objects.get(subscription=sub).quantity == 5
+    (restarted,) = Invoice.objects.filter(subscription=sub, period_start=at)
+    (credit,) = InvoiceItem.objects.filter(subscription=sub)
+    assert credit.invoice_id == restarted.id and restarted.total == 5000 + credit.amount
+    attempts = [a.outcome for a in PaymentAttempt.objects.filter(invoice=restarted)]
+    sent = [e.action for e in gateway_requests(stripe_proxy, restarted.id)]
+    if kill_at == "after_restart_commit":
+        assert (restarted.status, attempts, sent) == (Invoice.DRAFT, [], [])
+    else:
+        assert (restarted.status, attempts, sent) == (Invoice.OPEN, ["unknown"], ["forwarded"])
+
+    age_unknown_attempts(tenant.id)
+    scheduler = SchedulerProcess("billing", billing_env(stripe_proxy))
+    try:
+        scheduler.wait_for("lease_acquired", role="billing", timeout_s=30)
+        # Paid, and the tick's run over (a stop in the middle of a run would leave it for the next holder to end).
+        wait_until(
+            lambda: (
+                Invoice.objects.get(pk=restarted.pk).status == Invoice.PAID
+                and not BillingRun.objects.filter(status=BillingRun.RUNNING).exists()
+            ),
+            timeout_s=30,
+            what="the next tick",
+        )
+    finally:
+        assert scheduler.stop() == 0, scheduler.log()
+
+    restarted.refresh_from_db()
+    (attempt,) = PaymentAttempt.objects.filter(invoice=restarted)
+    assert (attempt.outcome, restarted.amount_paid) == (PaymentAttempt.SUCCEEDED, restarted.amount_due)
+    assert gateway_charges(stripe_proxy)[restarted.id] == {restarted.payment_intent_id}
+    calls = gateway_requests(stripe_proxy, restarted.id)
+    assert {e.request.idempotency_key for e in calls} == {attempt.idempotency_key}
+    expected = ["forwarded"] if kill_at == "after_restart_commit" else ["forwarded", "replayed"]
+    assert [e.action for e in calls] == expected
+    sub.refresh_from_db()
+    assert (sub.next_billing_at, sub.periods_billed) == (at + relativedelta(months=1), 1)
+    cycle = Counter(Invoice.objects.filter(subscription=sub).exclude(status=Invoice.VOID).values_list("period_start"))
+    assert max(cycle.values()) == 1 and len(cycle) == 2
+    assert_doctor_clean()
+    point = kill_at.removeprefix("after_restart_")
+    record_row(
+        ReportRow(
+            f"billing_cycle_anchor=now restart SIGKILLed after its {point}, next tick finishes",
+            runs=1,
+            kill_points=kill_at,
+            invoices=Invoice.objects.filter(tenant=tenant).count(),
+            duplicates=sum(n - 1 for n in cycle.values()),
+            lost=0,
+            doctor_violations=0,
+            wall_s=time.monotonic() - started,
+            note=f"new period invoiced once ({restarted.total} = 5000 − {-credit.amount} credit), one PaymentIntent "
+            f"({', '.join(expected)} under one key)",
+        )
+    )
