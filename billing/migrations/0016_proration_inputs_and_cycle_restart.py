@@ -51,7 +51,7 @@ def backfill(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("billing", "0014_gateway_account_row_level_security"),
+        ("billing", "0015_invoice_hosted_url_version"),
     ]
 
     operations = [

@@ -465,7 +465,7 @@ def test_the_migration_gives_earlier_prorations_back_the_inputs_the_change_recor
 
     from django.apps import apps
 
-    migration = importlib.import_module("billing.migrations.0015_proration_inputs_and_cycle_restart")
+    migration = importlib.import_module("billing.migrations.0016_proration_inputs_and_cycle_restart")
     clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
     pro = _pro(book, acme.tenant, 2999)
     _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
