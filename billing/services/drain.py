@@ -205,6 +205,10 @@ def drain_due(
             if on_page is not None:
                 on_page(run)
         _finish_run(run, BillingRun.Status.COMPLETED, fence)
+    except LeaseLost:
+        if trigger == BillingRun.Trigger.SCHEDULER:
+            _end_stopped_run(run, fence)
+        raise
     finally:
         pool.shutdown()
     return run
@@ -261,6 +265,31 @@ def _carry_on(run: BillingRun, *, fence: Fence, as_of: datetime | None) -> tuple
         )
         attempted = list(current.attempts.values_list("subscription_id", flat=True).distinct())
         return attempted, still_due(attempted, as_of=as_of)
+
+
+def _end_stopped_run(run: BillingRun, fence: Fence) -> None:
+    """End a scheduler ``run`` that stopped at a safe point ``abandoned``, if its lease is still ours.
+
+    A graceful shutdown stops the drain while the lease is held and then releases it; a run left
+    ``running`` would sit under a released lease until the next leader supersedes it. The write is
+    fenced: after a lease truly lost (the fence refuses) nothing is written and the successor
+    supersedes the run as before. Scheduler runs only: a manual run that stops is carried on by the
+    next holder of its own lease (:mod:`billing.services.manual_runs`).
+    """
+    try:
+        with transaction.atomic():
+            fence.check()
+            BillingRun.objects.filter(pk=run.pk, status=BillingRun.Status.RUNNING).update(
+                status=BillingRun.Status.ABANDONED,
+                finished_at=database_now(),
+                error="stopped at a safe point: its process was shutting down",
+                pages=run.pages,
+                attempted=run.attempted,
+                billed=run.billed,
+                failed=run.failed,
+            )
+    except (LeaseLost, DatabaseError):
+        log.info("billing run %s stays running: its lease could not be confirmed at the stop", run.id)
 
 
 def _save_counts(run: BillingRun, fence: Fence) -> None:

@@ -290,8 +290,8 @@ class _ScriptedFence:
             raise LeaseLost("deposed (test)")
 
 
-def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant, no_doctor):
-    # no_doctor: the run stays 'running' under a lease token that no lease row holds (a scripted fence).
+def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant):
+    # The fence's check() still passes (a stop requested while the lease is ours): the run ends abandoned.
     from hardcount.fencing import LeaseLost
 
     for _ in range(6):
@@ -304,7 +304,8 @@ def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, 
         drain_due(livemode=False, trigger="scheduler", page_size=2, concurrency=1, fence=fence, on_page=pages.append)
 
     run = BillingRun.objects.get()
-    assert (run.status, run.pages, run.billed, run.lease_token) == ("running", 1, 2, 42)
+    assert (run.status, run.pages, run.billed, run.lease_token) == ("abandoned", 1, 2, 42)
+    assert run.error.startswith("stopped at a safe point") and run.finished_at is not None
     assert Invoice.objects.count() == 2
     assert [p.pages for p in pages] == [1]
 

@@ -178,3 +178,30 @@ def test_a_billing_drain_longer_than_twice_the_interval_keeps_the_lease_and_stam
         f"\n{float(completed['duration_s']):.1f} s billing tick at a 1 s interval, {run.pages} pages: lease kept, "
         f"stamp never older than {max_age:.2f} s over {samples} samples"
     )
+
+
+def test_a_leader_sigtermed_mid_drain_ends_its_run_abandoned_before_releasing_the_lease(
+    billing_replicas, stripe_proxy, make_card
+):
+    from ops.doctor import run_checks
+
+    subscriptions = make_subscriptions(make_card, 40)
+    stripe_proxy.fail_next("delay", times=10_000, match="POST /v1/payment_intents", delay_s=0.1)
+    (leader,) = billing_replicas(
+        1, HARDCOUNT_BILLING_INTERVAL_S="3600", HARDCOUNT_BILLING_PAGE_SIZE="5", HARDCOUNT_BILLING_CONCURRENCY="2"
+    )
+    assert wait_until(lambda: Invoice.objects.filter(status="paid").count() >= 5, timeout_s=30)
+
+    leader.send(signal.SIGTERM)
+    leader.wait_for("lease_released", role="billing", timeout_s=15)
+    assert leader.stop() == 0
+
+    paid = Invoice.objects.filter(status="paid").count()
+    assert paid < len(subscriptions), "the drain finished before the stop: make it slower"
+    (run,) = BillingRun.objects.filter(trigger="scheduler", livemode=False)
+    assert (run.status, run.finished_at is not None) == (BillingRun.ABANDONED, True)
+    assert run.error.startswith("stopped at a safe point")
+    assert run.billed == paid  # its counts are the run's own at the stop
+    assert lease("billing")["holder"] is None
+    failing = {r.name: r.examples for r in run_checks() if r.status not in ("ok", "not checked")}
+    assert "billing_run_not_orphaned_by_lease" not in failing, failing
