@@ -13,11 +13,12 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from billing import serializers as s
+from billing.api.coupons import KEEP, coupon_change
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
-from billing.services import catalog, changes, pausing
+from billing.services import catalog, changes, discounts, pausing
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError, business_rule_codes
 
@@ -34,6 +35,7 @@ class CustomerListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.CustomerCreate)
+        coupon = coupon_change(data)
         customer = catalog.create_customer(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -43,6 +45,7 @@ class CustomerListView(ApiView):
             default_payment_method=data.get("default_payment_method", ""),
             metadata=data.get("metadata"),
             test_clock_id=data.get("test_clock"),
+            coupon_id=coupon if isinstance(coupon, str) else None,
         )
         return Response(customer_data(customer), status=status.HTTP_201_CREATED)
 
@@ -123,6 +126,7 @@ class SubscriptionListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.SubscriptionCreate)
+        coupon = coupon_change(data)
         subscription = catalog.create_subscription(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -134,6 +138,7 @@ class SubscriptionListView(ApiView):
             trial_period_days=data.get("trial_period_days"),
             cancel_at_period_end=data["cancel_at_period_end"],
             metadata=data.get("metadata"),
+            coupon_id=coupon if isinstance(coupon, str) else None,
         )
         return Response(subscription_data(subscription), status=status.HTTP_201_CREATED)
 
@@ -176,7 +181,8 @@ class SubscriptionDetailView(ApiView):
         "(422 `pause_with_items` for both in one body: a change may charge an invoice at once, which a pause "
         "in the same request would forbid). 422 `resumes_at_in_past` for a `resumes_at` not after the "
         "subscription's current time; `subscription_canceled` (409 for a change, 422 for a pause) when the "
-        "subscription is canceled.",
+        "subscription is canceled. `coupon` or `discounts` applies a coupon (`discounts: []` deletes the discount) "
+        "before any change of items.",
         tags=["subscriptions"],
         parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionUpdate,
@@ -185,6 +191,14 @@ class SubscriptionDetailView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
+        coupon = coupon_change(data)
+        if coupon is not KEEP:
+            # Before a change of items, so a change invoiced at once takes the new discount.
+            subscription = discounts.set_subscription_discount(
+                tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, coupon_id=coupon
+            )
+            if not data.keys() - {"proration_behavior", "effective_at"}:
+                return Response(subscription_data(subscription))
         if "pause_collection" in data:
             if "items" in data:
                 raise InvalidRequestError(

@@ -38,6 +38,7 @@ from billing.representations import scheduled_change_data, subscription_data, su
 from billing.services.catalog import billing_now, check_items_agree
 from billing.services.catalog import cancel_subscription as catalog_cancel
 from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
+from billing.services.discounts import apply_discount, discount_for
 from billing.services.invoices import InvoiceStateError, pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
 from billing.services.ledger import credit_proration_locked, set_balance_applied
@@ -498,6 +499,7 @@ def preview_upcoming(
             amount_due=max(amount, 0),
             created_at=now,
         )
+        apply_discount(invoice, lines, discount_for(invoice))
         quote = tax_quote(invoice)
         if quote is not None:
             apply_tax(invoice, quote)
