@@ -99,6 +99,7 @@ CHECK_FILES: tuple[str, ...] = (
     "events",
     "deliveries",
     "dunning",
+    "discounts",
 )
 
 

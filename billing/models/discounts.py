@@ -83,10 +83,11 @@ class Coupon(TenantScoped):
 class Discount(TenantScoped):
     """A coupon applied to a customer (``subscription`` null) or to one of its subscriptions.
 
-    It covers the invoices whose period starts in ``[start, end)`` (``end`` null: no end) and before
-    ``deleted_at`` (docs/decisions/0154). A ``once`` discount covers one invoice only: ``invoice`` is
-    the one it went on, set by the invoice that took it. The customer's and the subscription's
-    current discounts are pointed at by ``Customer.discount`` / ``Subscription.discount``.
+    It covers the invoices whose period starts in ``[start, end)`` (``end`` null: no end; deleting it
+    sets ``deleted_at`` and brings ``end`` forward, docs/decisions/0154). A ``once`` discount covers
+    one invoice only: ``invoice`` is the one it went on, set by the invoice that took it. The
+    customer's and the subscription's current discounts are pointed at by ``Customer.discount`` /
+    ``Subscription.discount``.
     """
 
     id = id_field("discount")

@@ -187,6 +187,15 @@ def redeem_locked(*, tenant_id: str, livemode: bool, coupon_id: str, currency: s
 # Discounts on customers and subscriptions
 
 
+def _start(next_billing_ats: list[datetime | None], at: datetime) -> datetime:
+    """A discount applied at ``at`` starts then, or at the start of the earliest period that is due but not yet
+    invoiced (``next_billing_at`` before ``at``: the drain has not reached it), so "the next invoice" takes it, as
+    Stripe's next invoice would, and a repeating discount's months are counted from that period's start
+    (docs/decisions/0154)."""
+    due = [when for when in next_billing_ats if when is not None and when < at]
+    return min(due, default=at)
+
+
 def _new_discount_locked(
     coupon: Coupon, customer: Customer, subscription: Subscription | None, start: datetime
 ) -> Discount:
@@ -205,14 +214,31 @@ def _new_discount_locked(
 
 
 def _end_locked(discount_id: str | None, *, at: datetime) -> Discount | None:
-    """Delete the discount ``discount_id`` (its owner locked) as of ``at``; emits ``customer.discount.deleted``."""
+    """Delete the discount ``discount_id`` (its owner locked) at ``at``; emits ``customer.discount.deleted``.
+
+    It covers no invoice not made yet: its ``end`` comes forward to :func:`_start` of its owner's due periods
+    (an invoice due before ``at`` but not yet made goes without it, as the next Stripe invoice would).
+    """
     if discount_id is None:
         return None
     discount = Discount.objects.select_related("coupon").get(pk=discount_id)
+    stop = _start(_due(discount.customer_id, discount.subscription_id, at), at)
     discount.deleted_at = at
-    discount.save(update_fields=["deleted_at"])
+    discount.end = stop if discount.end is None else min(discount.end, stop)
+    discount.save(update_fields=["deleted_at", "end"])
     discount_event(discount, "customer.discount.deleted", created_at=at)
     return discount
+
+
+def _due(customer_id: str, subscription_id: str | None, at: datetime) -> list[datetime]:
+    """The ``next_billing_at`` before ``at`` of the subscription (or, for None, every billable subscription of the
+    customer): the starts of periods due but not yet invoiced."""
+    subs = Subscription.objects.filter(
+        customer_id=customer_id, status__in=Subscription.BILLABLE_STATUSES, next_billing_at__lt=at
+    )
+    if subscription_id is not None:
+        subs = subs.filter(pk=subscription_id)
+    return list(subs.values_list("next_billing_at", flat=True))
 
 
 def apply_to_customer_locked(customer: Customer, coupon_id: str, *, at: datetime, param: str = "coupon") -> Discount:
@@ -230,7 +256,7 @@ def apply_to_customer_locked(customer: Customer, coupon_id: str, *, at: datetime
         param=param,
     )
     _end_locked(customer.discount_id, at=at)
-    discount = _new_discount_locked(coupon, customer, None, at)
+    discount = _new_discount_locked(coupon, customer, None, _start(_due(customer.id, None, at), at))
     customer.discount = discount
     customer.save(update_fields=["discount"])
     discount_event(discount, "customer.discount.created", created_at=at)
@@ -242,9 +268,7 @@ def apply_to_subscription_locked(
 ) -> Discount:
     """Redeem ``coupon_id`` as the subscription's discount (subscription row locked), replacing the current one.
 
-    The discount starts at ``at``, or at the first period's start when that is earlier (a new
-    subscription anchored up to a day back), so the first invoice is covered. Events and errors as
-    :func:`apply_to_customer_locked`.
+    The discount starts as :func:`_start` says. Events and errors as :func:`apply_to_customer_locked`.
     """
     coupon = redeem_locked(
         tenant_id=subscription.tenant_id,
@@ -254,9 +278,7 @@ def apply_to_subscription_locked(
         at=at,
         param=param,
     )
-    start = at
-    if subscription.periods_billed == 0 and subscription.billing_cycle_anchor < at:
-        start = subscription.billing_cycle_anchor
+    start = _start([subscription.next_billing_at] if subscription.status in Subscription.BILLABLE_STATUSES else [], at)
     _end_locked(subscription.discount_id, at=at)
     discount = _new_discount_locked(coupon, customer, subscription, start)
     subscription.discount = discount
@@ -361,8 +383,6 @@ def covers(discount: Discount, period_start: datetime, invoice_id: str | None = 
     """Whether ``discount`` covers an invoice whose period starts at ``period_start`` (``invoice_id``: that
     invoice, for a ``once`` discount it may already have gone on)."""
     if not (discount.start <= period_start and (discount.end is None or period_start < discount.end)):
-        return False
-    if discount.deleted_at is not None and period_start >= discount.deleted_at:
         return False
     if discount.coupon.duration == Coupon.Duration.ONCE:
         return discount.invoice_id is None or discount.invoice_id == invoice_id
