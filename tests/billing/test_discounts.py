@@ -16,7 +16,7 @@ from django.db import IntegrityError, connection, transaction
 
 from billing.models import Coupon, Customer, Discount, Invoice, PaymentAttempt
 from billing.services import discounts
-from billing.services.changes import change_subscription
+from billing.services.changes import change_subscription, preview_upcoming
 from billing.services.drain import drain_due
 from billing.services.ledger import grant_credit
 from hardcount.errors import InvalidRequestError
@@ -331,3 +331,40 @@ def test_a_coupon_past_redeem_by_is_refused_and_no_longer_valid(book, tenant):
     coupon.refresh_from_db()
     assert coupon.times_redeemed == 0 and not coupon.valid_at(database_now())
     assert not Discount.objects.exists()
+
+
+def test_a_change_invoiced_at_once_takes_the_subscriptions_discount_on_its_credit_and_its_charge(book, tenant):
+    t0 = _utc(2027, 4, 1)  # April: 30 days
+    clock = make_clock(tenant, t0)
+    coupon = _coupon(tenant, percent_off=Decimal("25"))
+    sub = subscribe(book, clock, amount=1000, coupon_id=coupon.id)
+    pricier = book.price(tenant, amount=2000)
+    advance(clock, _utc(2027, 4, 16))  # half of April left
+
+    _, invoice = change_subscription(
+        tenant_id=tenant.id,
+        livemode=False,
+        subscription_id=sub.id,
+        items=[{"id": sub.items.get().id, "price": pricier.id}],
+        proration_behavior="always_invoice",
+    )
+
+    # Unused half of 1000: -500, 25 % off → -125 (the credit is the 375 paid for it); half of 2000: 1000, 25 % off
+    # → 250. Total -375 + 750 = 375 (with the credit left whole it would be 250).
+    lines = sorted(invoice.lines.all(), key=lambda line: line.amount)
+    assert [(line.amount, line.discount_amount) for line in lines] == [(-500, -125), (1000, 250)]
+    assert (invoice.subtotal, invoice.total_discount, invoice.total, invoice.amount_paid) == (500, 125, 375, 375)
+    cycle = Invoice.objects.get(subscription=sub, billing_reason=Invoice.CYCLE)
+    assert cycle.total == 750
+
+
+def test_the_upcoming_invoice_shows_the_discount_and_writes_nothing(book, tenant):
+    sub = book.subscribed(tenant, amount=1999)
+    _on_subscription(sub, _coupon(tenant, amount_off=1000, currency="usd"))
+
+    invoice, lines = preview_upcoming(tenant_id=tenant.id, livemode=False, subscription_id=sub.id)
+
+    assert (invoice.subtotal, invoice.total_discount, invoice.total) == (1999, 1000, 999)
+    assert [line.discount_amount for line in lines] == [1000]
+    assert not Invoice.objects.exists()
+    assert Discount.objects.get().invoice_id is None
