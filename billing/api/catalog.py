@@ -13,12 +13,13 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from billing import serializers as s
-from billing.api.coupons import KEEP, coupon_change
+from billing.api.coupons import coupon_change
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
 from billing.services import catalog, changes, discounts, pausing
+from billing.services.discounts import KEEP
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError, business_rule_codes
 
@@ -181,8 +182,9 @@ class SubscriptionDetailView(ApiView):
         "(422 `pause_with_items` for both in one body: a change may charge an invoice at once, which a pause "
         "in the same request would forbid). 422 `resumes_at_in_past` for a `resumes_at` not after the "
         "subscription's current time; `subscription_canceled` (409 for a change, 422 for a pause) when the "
-        "subscription is canceled. `coupon` or `discounts` applies a coupon (`discounts: []` deletes the discount) "
-        "before any change of items.",
+        "subscription is canceled. `coupon` or `discounts` applies a coupon (`discounts: []` deletes the discount), "
+        "in the same transaction as a change of items and before it (a change invoiced at once takes it); 422 "
+        "`pause_with_discount` with `pause_collection`.",
         tags=["subscriptions"],
         parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionUpdate,
@@ -192,14 +194,13 @@ class SubscriptionDetailView(ApiView):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
         coupon = coupon_change(data)
-        if coupon is not KEEP:
-            # Before a change of items, so a change invoiced at once takes the new discount.
-            subscription = discounts.set_subscription_discount(
-                tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, coupon_id=coupon
-            )
-            if not data.keys() - {"proration_behavior", "effective_at"}:
-                return Response(subscription_data(subscription))
         if "pause_collection" in data:
+            if coupon is not KEEP:
+                raise InvalidRequestError(
+                    "Send a discount and a pause of collection as separate requests.",
+                    code="pause_with_discount",
+                    param="pause_collection",
+                )
             if "items" in data:
                 raise InvalidRequestError(
                     "Send a change of items and a pause of collection as separate requests.",
@@ -207,6 +208,11 @@ class SubscriptionDetailView(ApiView):
                     param="pause_collection",
                 )
             return Response(subscription_data(self._update_pause_collection(id, data["pause_collection"])))
+        if coupon is not KEEP and "items" not in data:
+            subscription = discounts.set_subscription_discount(
+                tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, coupon_id=coupon
+            )
+            return Response(subscription_data(subscription))
         subscription, _invoice = changes.change_subscription(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -215,6 +221,7 @@ class SubscriptionDetailView(ApiView):
             proration_behavior=data["proration_behavior"],
             proration_date=data.get("proration_date"),
             effective_at=data["effective_at"],
+            coupon=coupon,
         )
         return Response(subscription_data(subscription))
 
@@ -320,7 +327,7 @@ class InvoiceUpcomingView(ApiView):
 
 # A JSON array inside a query string: its shape is a rule the OpenAPI document states in prose only.
 PROPOSED_ITEMS_CODES = business_rule_codes("items_invalid")
-UPDATE_CODES = business_rule_codes("pause_with_items")
+UPDATE_CODES = business_rule_codes("pause_with_items", "pause_with_discount")
 
 
 def _proposed_items(raw: str) -> list[dict]:

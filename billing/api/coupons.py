@@ -11,15 +11,15 @@ from billing import serializers as s
 from billing.models import Coupon, Customer, Subscription
 from billing.representations import coupon_data, discount_data
 from billing.services import discounts
+from billing.services.discounts import KEEP
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError
 
-KEEP = object()  # the body says nothing about discounts
-
 
 def coupon_change(data: dict) -> object:
-    """The discount a create or update body asks for: :data:`KEEP`, a coupon id, or None (``discounts: []``,
-    delete the discount). Pops ``coupon`` and ``discounts`` from ``data``; 422 ``coupon_or_discounts`` for both."""
+    """The discount a create or update body asks for: ``KEEP`` (:mod:`billing.services.discounts`), a coupon
+    id, or None (``discounts: []``, delete the discount). Pops ``coupon`` and ``discounts`` from ``data``; 422
+    ``coupon_or_discounts`` for both."""
     coupon = data.pop("coupon", None)
     listed = data.pop("discounts", None)
     if coupon is not None and listed is not None:

@@ -10,10 +10,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
 from billing import serializers as out
-from billing.api.coupons import KEEP, coupon_change
+from billing.api.coupons import coupon_change
 from billing.representations import customer_data
 from billing.serializers import coupon_field, discounts_field
 from billing.services.customers import update_customer
+from billing.services.discounts import KEEP
 from hardcount.api import MetadataField, StrictCharField, StrictEmailField, StrictSerializer, id_path_parameter, is_id
 from hardcount.errors import ResourceMissing
 

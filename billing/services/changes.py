@@ -38,7 +38,7 @@ from billing.representations import scheduled_change_data, subscription_data, su
 from billing.services.catalog import billing_now, check_items_agree
 from billing.services.catalog import cancel_subscription as catalog_cancel
 from billing.services.close import apply_tax, finalize_or_pend_locked, tax_quote
-from billing.services.discounts import apply_discount, discount_for
+from billing.services.discounts import KEEP, apply_discount, discount_for, set_subscription_discount_locked
 from billing.services.invoices import InvoiceStateError, pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
 from billing.services.ledger import credit_proration_locked, set_balance_applied
@@ -293,6 +293,7 @@ def change_subscription(
     proration_behavior: str = CREATE_PRORATIONS,
     proration_date: int | None = None,
     effective_at: str = "immediately",
+    coupon: object = KEEP,
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
 
@@ -302,14 +303,17 @@ def change_subscription(
     (:func:`billing.services.invoices.pay_invoice`). ``effective_at="period_end"`` prorates nothing and
     stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
     applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
-    Raises :class:`NotFoundError`,
-    :class:`InvalidRequestError` (see :func:`plan_change`) and :class:`StateConflictError` (a
-    canceled subscription).
+    ``coupon`` (a coupon id, or None to delete the discount; :data:`~billing.services.discounts.KEEP`: leave it)
+    is applied first, in the same transaction. Raises :class:`NotFoundError`,
+    :class:`InvalidRequestError` (see :func:`plan_change`, and a coupon that cannot be redeemed) and
+    :class:`StateConflictError` (a canceled subscription).
     """
     with transaction.atomic():
         sub = _subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        if coupon is not KEEP:
+            set_subscription_discount_locked(sub, coupon, at=billing_now(sub.test_clock))
         if effective_at == PERIOD_END:
             plan = plan_change(sub, items, proration_behavior=NONE)
             previous_schedule = sub.scheduled_items

@@ -14,12 +14,11 @@ from billing.events import customer_event
 from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer
 from billing.services.catalog import billing_now
-from billing.services.discounts import apply_to_customer_locked, end_customer_discount_locked
+from billing.services.discounts import KEEP, apply_to_customer_locked, end_customer_discount_locked
 from dunning import services as dunning_services
 from hardcount.errors import NotFoundError
 
 UPDATABLE_FIELDS = ("email", "name", "external_id", "default_payment_method", "metadata")
-KEEP = object()  # no ``coupon`` given: the discount stays
 
 
 def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **changes) -> Customer:

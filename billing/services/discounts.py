@@ -48,6 +48,9 @@ BUSINESS_RULE_CODES = business_rule_codes(
     "coupon_or_discounts",
 )
 
+# A create or update body that says nothing about discounts (``coupon=KEEP``): the discount stays.
+KEEP = object()
+
 # Longest repeating coupon, as Stripe's (https://docs.stripe.com/api/coupons/create): 10 years.
 MAX_DURATION_IN_MONTHS = 120
 
@@ -324,15 +327,20 @@ def set_subscription_discount(
         )
         if sub is None:
             raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
-        at = _now(sub.test_clock)
-        if coupon_id is None:
-            _end_locked(sub.discount_id, at=at)
+        set_subscription_discount_locked(sub, coupon_id, at=_now(sub.test_clock))
+    return sub
+
+
+def set_subscription_discount_locked(sub: Subscription, coupon_id: str | None, *, at: datetime) -> None:
+    """Apply ``coupon_id`` as the subscription's discount, or (None) delete it, inside the caller's transaction
+    (subscription row locked, its price loaded; the customer is locked here, after it)."""
+    if coupon_id is None:
+        if _end_locked(sub.discount_id, at=at) is not None:
             sub.discount = None
             sub.save(update_fields=["discount", "updated_at"])
-        else:
-            customer = customer_qs_select_for_update().get(pk=sub.customer_id)
-            apply_to_subscription_locked(sub, customer, coupon_id, at=at)
-    return sub
+        return
+    customer = customer_qs_select_for_update().get(pk=sub.customer_id)
+    apply_to_subscription_locked(sub, customer, coupon_id, at=at)
 
 
 def delete_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str) -> Discount:

@@ -166,3 +166,27 @@ def test_output_schemas_of_coupons_and_discounts_match_the_representations(api):
     assert set(out.Discount().fields) == set(representations.discount_data(discount))
     assert set(out.DeletedDiscount().fields) == set(api.delete(f"/v1/customers/{customer['id']}/discount")[1])
     assert set(out.DeletedCoupon().fields) == set(api.delete(f"/v1/coupons/{coupon['id']}")[1])
+
+
+def test_a_discount_with_a_change_of_items_is_one_transaction_refused_whole(api):
+    _, coupon = api.post("/v1/coupons", {"percent_off": 10})
+    _, customer = api.post("/v1/customers", {"email": "a@example.com"})
+    _, price = api.post("/v1/prices", {"amount": 1000, "currency": "usd", "interval": "month"})
+    _, yearly = api.post("/v1/prices", {"amount": 9000, "currency": "usd", "interval": "year"})
+    _, sub = api.post("/v1/subscriptions", {"customer": customer["id"], "price": price["id"]})
+    item = sub["items"]["data"][0]["id"]
+
+    # Another billing interval is refused: the coupon in the same body is not redeemed either.
+    status, error = api.post(
+        f"/v1/subscriptions/{sub['id']}", {"coupon": coupon["id"], "items": [{"id": item, "price": yearly["id"]}]}
+    )
+    assert status == 422, error
+    assert Coupon.objects.get(pk=coupon["id"]).times_redeemed == 0 and not Discount.objects.exists()
+    pause = {"coupon": coupon["id"], "pause_collection": {"behavior": "void"}}
+    assert api.post(f"/v1/subscriptions/{sub['id']}", pause)[1]["error"]["code"] == "pause_with_discount"
+
+    status, changed = api.post(
+        f"/v1/subscriptions/{sub['id']}", {"coupon": coupon["id"], "items": [{"id": item, "quantity": 2}]}
+    )
+    assert status == 200, changed
+    assert changed["discount"]["coupon"]["id"] == coupon["id"] and changed["items"]["data"][0]["quantity"] == 2
