@@ -14,6 +14,8 @@ WHERE abs(discount_amount) > abs(amount)
 
 -- name: invoice_discount_equals_lines
 -- An invoice's total_discount is the sum of its lines' discount amounts, and an invoice with a discount names it.
+-- With invoice_subtotal_equals_lines, invoice_total_is_subtotal_plus_tax and invoice_amount_due_is_total_minus_credit
+-- (ops/sql/invoices.sql) it makes amount_due = the lines − their discounts + tax − credit applied.
 SELECT i.id AS ref, 'total_discount ' || i.total_discount || ' but the lines'' discounts sum to '
        || coalesce(l.discount, 0) || CASE WHEN i.discount_id IS NULL AND i.total_discount <> 0
                                          THEN ' (and no discount named)' ELSE '' END AS detail
@@ -21,18 +23,6 @@ FROM billing_invoice i
 LEFT JOIN (SELECT invoice_id, sum(discount_amount) AS discount FROM billing_invoicelineitem GROUP BY invoice_id) l
        ON l.invoice_id = i.id
 WHERE i.total_discount <> coalesce(l.discount, 0) OR (i.discount_id IS NULL AND i.total_discount <> 0);
-
--- name: invoice_due_agrees_with_lines
--- An invoice's amount_due is its lines' amounts − their discounts + tax − credit applied (the totals agree with the
--- lines).
-SELECT i.id AS ref, 'amount_due ' || i.amount_due || ' but lines ' || coalesce(l.amount, 0) || ' − discounts '
-       || coalesce(l.discount, 0) || ' + tax ' || i.tax || ' − credit ' || i.credit_applied || ' = '
-       || (coalesce(l.amount, 0) - coalesce(l.discount, 0) + i.tax - i.credit_applied) AS detail
-FROM billing_invoice i
-LEFT JOIN (SELECT invoice_id, sum(amount) AS amount, sum(discount_amount) AS discount
-           FROM billing_invoicelineitem GROUP BY invoice_id) l
-       ON l.invoice_id = i.id
-WHERE i.amount_due <> coalesce(l.amount, 0) - coalesce(l.discount, 0) + i.tax - i.credit_applied;
 
 -- name: coupon_redemptions_counted
 -- A coupon's times_redeemed is the number of discounts made of it, and never more than its max_redemptions.
