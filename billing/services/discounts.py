@@ -5,7 +5,7 @@ https://docs.stripe.com/api/discounts). The rules this module owns, each written
 
 - **Which discount an invoice takes** (:func:`pick`): the subscription's discount beats the
   customer's (Stripe's rule). A discount covers the invoices whose period starts in
-  ``[start, end)`` and before it was deleted; ``repeating`` ends ``duration_in_months`` calendar
+  ``[start, end)`` (deleting it brings ``end`` forward); ``repeating`` ends ``duration_in_months`` calendar
   months after its start, so a monthly subscription gets exactly that many cycle invoices and a
   yearly one gets the invoices that start in that time (docs/decisions/0154). ``once`` covers the
   first invoice that takes it.
