@@ -23,7 +23,9 @@ from billing.admin_changes import SubscriptionChangeActions
 from billing.models import (
     BillingAttempt,
     BillingRun,
+    Coupon,
     Customer,
+    Discount,
     GatewayAccount,
     Invoice,
     InvoiceCounter,
@@ -1062,6 +1064,46 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 
     def get_actions(self, request):
         return {}
+
+
+# --- coupons and discounts (docs/reference/discounts.md): read-only, changed through the API's services --------------
+
+
+@admin.register(Coupon)
+class CouponAdmin(ScopeColumns, ReadOnlyAdmin):
+    list_display = ("id", "name", "terms", "duration", "redemptions", "redeem_by", "deleted_at", "scope")
+    list_filter = (*SCOPE_FILTERS, "duration")
+    list_select_related = ("tenant",)
+    readonly_fields = ("terms", "redemptions")
+    search_fields = ("id__exact", "name")
+
+    @admin.display(description="off")
+    def terms(self, coupon: Coupon) -> str:
+        if coupon.percent_off is not None:
+            return f"{coupon.percent_off.normalize():f} %"
+        return money(coupon.amount_off, coupon.currency)
+
+    @admin.display(description="redeemed")
+    def redemptions(self, coupon: Coupon) -> str:
+        limit = "∞" if coupon.max_redemptions is None else coupon.max_redemptions
+        return f"{coupon.times_redeemed} / {limit}"
+
+
+@admin.register(Discount)
+class DiscountAdmin(ReadOnlyAdmin):
+    """Redemptions: one discount per coupon applied to a customer or a subscription."""
+
+    list_display = ("id", "coupon", "customer", "subscription", "start", "end", "deleted_at", "invoice")
+    list_select_related = ("coupon", "customer", "subscription")
+    search_fields = ("id",)
+    search_help_text = "Exact discount id (di_…), coupon (co_…), customer (cus_…) or subscription id (sub_…)."
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset,
+            search_term,
+            {"di_": "pk", "co_": "coupon_id", "cus_": "customer_id", "sub_": "subscription_id"},
+        )
 
 
 @admin.register(PaymentAttempt)

@@ -16,7 +16,9 @@ from typing import Any
 
 from billing.representations import (
     billing_run_data,
+    coupon_data,
     customer_data,
+    discount_data,
     invoice_data,
     invoice_item_data,
     ledger_entry_data,
@@ -79,6 +81,18 @@ def billing_run_event(run, type: str, *, created_at: datetime | None = None):
     return emit_for(run, type, billing_run_data(run), created_at=created_at)
 
 
+def coupon_event(coupon, type: str, *, created_at: datetime | None = None):
+    """Emit ``type`` (``coupon.created``, ``coupon.deleted``) about a coupon
+    (:func:`~billing.representations.coupon_data`)."""
+    return emit_for(coupon, type, coupon_data(coupon), created_at=created_at)
+
+
+def discount_event(discount, type: str, *, created_at: datetime | None = None):
+    """Emit ``type`` (``customer.discount.created`` / ``.deleted``, Stripe's names) about a discount
+    (:func:`~billing.representations.discount_data`)."""
+    return emit_for(discount, type, discount_data(discount), created_at=created_at)
+
+
 def test_clock_event(clock, type: str):
     """Emit ``type`` about a test clock (:func:`~billing.representations.test_clock_data`), dated by the clock's
     own ``frozen_time``. The in-memory clock serves for ``test_clock.deleted`` after its row is deleted."""
@@ -90,7 +104,9 @@ test_clock_event.__test__ = False  # not a pytest test despite its name
 __all__ = [
     "billing_run_event",
     "charge_event",
+    "coupon_event",
     "customer_event",
+    "discount_event",
     "invoice_event",
     "invoice_item_event",
     "ledger_entry_event",

@@ -7,6 +7,7 @@ The lock order (docs/decisions/0010-drain-claims-and-parallel-closes.md, 0016-pa
    - pending invoice items an invoice sweeps in (:func:`billing.services.lines.sweep_pending_locked`, id order)
 3. payment attempt
 4. customer (the ledger's balance: every ledger write holds it)
+   - a coupon redeemed, or a ``once`` discount claimed (:mod:`billing.services.discounts`: conditional updates)
 5. invoice counter (:func:`billing.queries.next_invoice_number`, an upsert: take it last)
 
 A transaction takes the kinds it needs in this order, several rows of one kind in id order, so

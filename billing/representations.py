@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
+
 from billing.hosted import hosted_invoice_pdf_url, hosted_invoice_url
 from hardcount.times import iso
 
@@ -24,6 +26,7 @@ def customer_data(c) -> dict[str, Any]:
         "credit_balance": c.credit_balance,
         "currency": c.currency or None,
         "test_clock": c.test_clock_id,
+        "discount": discount_data(c.discount) if c.discount_id else None,
         "metadata": c.metadata,
         "created": iso(c.created_at),
     }
@@ -113,12 +116,15 @@ def subscription_data(s, items=None) -> dict[str, Any]:
         "billing_parked_at": iso(s.billing_parked_at),
         "last_billing_error": s.last_billing_error or None,
         "pause_collection": pause_collection_data(s),
+        "discount": discount_data(s.discount) if s.discount_id else None,
+        "discounts": [s.discount_id] if s.discount_id else [],
         "metadata": s.metadata,
         "created": iso(s.created_at),
     }
 
 
-def line_item_data(line) -> dict[str, Any]:
+def line_item_data(line, discount_id: str | None = None) -> dict[str, Any]:
+    """A line; ``discount_id``: its invoice's discount, which its ``discount_amount`` is of."""
     return {
         "id": line.id,
         "object": "line_item",
@@ -126,12 +132,55 @@ def line_item_data(line) -> dict[str, Any]:
         "price": line.price_id,
         "quantity": line.quantity,
         "amount": line.amount,
+        "discount_amounts": _discount_amounts(line.discount_amount, discount_id),
         "currency": line.currency,
         "period_start": iso(line.period_start),
         "period_end": iso(line.period_end),
         "subscription_item": line.subscription_item or None,
         "invoice_item": line.invoice_item_id,
         "proration": line.proration,
+    }
+
+
+def _discount_amounts(amount: int, discount_id: str | None) -> list[dict[str, Any]]:
+    """Stripe's ``discount_amounts`` / ``total_discount_amounts``: ``[{"amount", "discount"}]``, empty for none."""
+    if not amount or discount_id is None:
+        return []
+    return [{"amount": amount, "discount": discount_id}]
+
+
+def coupon_data(c) -> dict[str, Any]:
+    """A coupon as Stripe's: ``percent_off`` a number, ``amount_off`` minor units of ``currency``; ``valid`` by
+    the wall clock (:meth:`billing.models.Coupon.valid_at`)."""
+    return {
+        "id": c.id,
+        "object": "coupon",
+        "livemode": c.livemode,
+        "name": c.name or None,
+        "percent_off": float(c.percent_off) if c.percent_off is not None else None,
+        "amount_off": c.amount_off,
+        "currency": c.currency or None,
+        "duration": c.duration,
+        "duration_in_months": c.duration_in_months,
+        "max_redemptions": c.max_redemptions,
+        "redeem_by": iso(c.redeem_by),
+        "times_redeemed": c.times_redeemed,
+        "valid": c.valid_at(timezone.now()),
+        "metadata": c.metadata,
+        "created": iso(c.created_at),
+    }
+
+
+def discount_data(d) -> dict[str, Any]:
+    """A discount as Stripe's: its coupon embedded, the customer and (a subscription's) subscription."""
+    return {
+        "id": d.id,
+        "object": "discount",
+        "coupon": coupon_data(d.coupon),
+        "customer": d.customer_id,
+        "subscription": d.subscription_id,
+        "start": iso(d.start),
+        "end": iso(d.end),
     }
 
 
@@ -151,8 +200,10 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "currency": inv.currency,
         "period_start": iso(inv.period_start),
         "period_end": iso(inv.period_end),
-        "lines": [line_item_data(line) for line in lines],
+        "lines": [line_item_data(line, inv.discount_id) for line in lines],
         "subtotal": inv.subtotal,
+        "discounts": [inv.discount_id] if inv.discount_id else [],
+        "total_discount_amounts": _discount_amounts(inv.total_discount, inv.discount_id),
         "tax": inv.tax,
         "tax_rate_bps": inv.tax_rate_bps,
         "tax_status": inv.tax_status,

@@ -10,15 +10,18 @@ exactly the keys its representation function returns.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
 
+from billing.models.discounts import CouponDuration
 from billing.models.subscriptions import PauseBehavior, SubscriptionStatus
 from billing.periods import INTERVALS
 from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_ITEMS, MAX_TRIAL_DAYS
+from billing.services.discounts import MAX_DURATION_IN_MONTHS
 from hardcount.api import (
     STARTING_AFTER_HELP,
     IdField,
@@ -41,6 +44,7 @@ CURRENCIES = sorted(CURRENCY_EXPONENTS)
 SUBSCRIPTION_STATUSES = SubscriptionStatus.values
 BILLING_STATES = ["ok", "waiting", "parked", "paused"]
 PAUSE_BEHAVIORS = PauseBehavior.values
+COUPON_DURATIONS = CouponDuration.values
 INVOICE_STATUSES = ["draft", "open", "paid", "void", "uncollectible"]
 
 _ID_HELP = "An id of the caller's tenant and mode; any other id is answered 404."
@@ -48,6 +52,74 @@ _ID_HELP = "An id of the caller's tenant and mode; any other id is answered 404.
 
 # ---------------------------------------------------------------------------------------
 # Input
+
+
+@extend_schema_field(
+    {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": 100,
+        "description": "Percent taken off every line, above 0 and at most 100, with at most two decimals.",
+    }
+)
+class PercentField(serializers.Field):
+    """A JSON number (not a string or boolean), as a ``Decimal``; the range and the two decimals are the
+    service's rules (:func:`billing.services.discounts.create_coupon`)."""
+
+    default_error_messages = {"invalid": "Must be a JSON number."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float) or not abs(data) <= 1e6:  # NaN too
+            self.fail("invalid")
+        return Decimal(str(data))
+
+    def to_representation(self, value):
+        return float(value)
+
+
+class CouponCreate(StrictSerializer):
+    """A coupon: `percent_off`, or `amount_off` with `currency` (exactly one)."""
+
+    percent_off = PercentField(required=False)
+    amount_off = StrictIntegerField(
+        min_value=1, max_value=MAX_AMOUNT, required=False, help_text="Minor units of `currency` off the invoice."
+    )
+    currency = StrictChoiceField(choices=CURRENCIES, required=False, help_text="With `amount_off` only.")
+    duration = StrictChoiceField(choices=COUPON_DURATIONS, required=False, default="once")
+    duration_in_months = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_DURATION_IN_MONTHS,
+        required=False,
+        help_text="With `duration=repeating` only: calendar months from the discount's start.",
+    )
+    max_redemptions = StrictIntegerField(
+        min_value=1, max_value=2_147_483_647, required=False, help_text="How many discounts may be made of it."
+    )
+    redeem_by = StrictDateTimeField(required=False, help_text="The last time it can be redeemed; in the future.")
+    name = StrictCharField(max_length=40, required=False, allow_blank=True, default="")
+    metadata = MetadataField(required=False)
+
+
+class DiscountParam(StrictSerializer):
+    coupon = IdField("coupon", help_text=_ID_HELP)
+
+
+_DISCOUNTS_HELP = (
+    "The coupons to apply, as Stripe's `discounts`: one at most here (`[{coupon}]`); on an update `[]` "
+    "deletes the discount. Not with `coupon`."
+)
+
+
+def coupon_field() -> IdField:
+    """The ``coupon`` shorthand of customer and subscription create and update bodies."""
+    return IdField("coupon", required=False, help_text="A coupon to apply (shorthand for `discounts`). " + _ID_HELP)
+
+
+def discounts_field() -> serializers.ListField:
+    """The ``discounts`` of customer and subscription create and update bodies."""
+    return serializers.ListField(
+        child=DiscountParam(), min_length=0, max_length=1, required=False, help_text=_DISCOUNTS_HELP
+    )
 
 
 class CustomerCreate(StrictSerializer):
@@ -64,6 +136,8 @@ class CustomerCreate(StrictSerializer):
     )
     metadata = MetadataField(required=False)
     test_clock = IdField("test_clock", required=False, help_text="Test mode only: a test clock id. " + _ID_HELP)
+    coupon = coupon_field()
+    discounts = discounts_field()
 
 
 class PriceCreate(StrictSerializer):
@@ -119,6 +193,8 @@ class SubscriptionCreate(StrictSerializer):
     trial_period_days = StrictIntegerField(min_value=1, max_value=MAX_TRIAL_DAYS, required=False)
     cancel_at_period_end = StrictBooleanField(required=False, default=False)
     metadata = MetadataField(required=False)
+    coupon = coupon_field()
+    discounts = discounts_field()
 
 
 @extend_schema_field(
@@ -224,6 +300,8 @@ class SubscriptionUpdate(StrictSerializer):
         allow_null=True,
         help_text='Pause payment collection (an object), or resume it (`null` or `""`).',
     )
+    coupon = coupon_field()
+    discounts = discounts_field()
 
 
 class SubscriptionCancel(StrictSerializer):
@@ -289,6 +367,10 @@ class SubscriptionListQuery(ListQuery):
     )
 
 
+class CouponListQuery(ListQuery):
+    starting_after = QueryIdField("coupon", help_text=STARTING_AFTER_HELP)
+
+
 class InvoiceListQuery(ListQuery):
     starting_after = QueryIdField("invoice", help_text=STARTING_AFTER_HELP)
     customer = QueryIdField("customer", help_text="Only this customer's invoices.")
@@ -298,6 +380,55 @@ class InvoiceListQuery(ListQuery):
 
 # ---------------------------------------------------------------------------------------
 # Output (documentation of billing.representations)
+
+
+class Coupon(serializers.Serializer):
+    """A coupon (Stripe's shape): `percent_off`, or `amount_off` minor units of `currency`, for `duration`."""
+
+    id = serializers.CharField()
+    object = object_field("coupon")
+    livemode = serializers.BooleanField()
+    name = serializers.CharField(allow_null=True)
+    percent_off = serializers.FloatField(allow_null=True)
+    amount_off = serializers.IntegerField(allow_null=True)
+    currency = serializers.CharField(allow_null=True)
+    duration = serializers.ChoiceField(choices=COUPON_DURATIONS)
+    duration_in_months = serializers.IntegerField(allow_null=True)
+    max_redemptions = serializers.IntegerField(allow_null=True)
+    redeem_by = serializers.DateTimeField(allow_null=True)
+    times_redeemed = serializers.IntegerField()
+    valid = serializers.BooleanField(
+        help_text="false once deleted, redeemed `max_redemptions` times, or past `redeem_by`."
+    )
+    metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    created = serializers.DateTimeField()
+
+
+class DeletedCoupon(serializers.Serializer):
+    id = serializers.CharField()
+    object = object_field("coupon")
+    deleted = serializers.BooleanField()
+
+
+class Discount(serializers.Serializer):
+    """A coupon applied to a customer or to a subscription (`subscription` set), from `start` to `end`."""
+
+    id = serializers.CharField()
+    object = object_field("discount")
+    coupon = Coupon()
+    customer = serializers.CharField()
+    subscription = serializers.CharField(allow_null=True)
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField(allow_null=True, help_text="null: no end (`once` and `forever`).")
+
+
+class DeletedDiscount(Discount):
+    deleted = serializers.BooleanField()
+
+
+class DiscountAmount(serializers.Serializer):
+    amount = serializers.IntegerField(help_text="Minor units of the invoice's currency.")
+    discount = serializers.CharField()
 
 
 class Customer(serializers.Serializer):
@@ -315,6 +446,7 @@ class Customer(serializers.Serializer):
     )
     currency = serializers.CharField(allow_null=True, help_text="Fixed by the first subscription or ledger entry.")
     test_clock = serializers.CharField(allow_null=True)
+    discount = Discount(allow_null=True, help_text="The customer's discount, for all its invoices.")
     metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
     created = serializers.DateTimeField()
 
@@ -404,6 +536,8 @@ class Subscription(serializers.Serializer):
     pause_collection = PauseCollectionOut(
         allow_null=True, help_text="Set while payment collection is paused; null while it runs."
     )
+    discount = Discount(allow_null=True, help_text="The subscription's discount; it beats the customer's.")
+    discounts = serializers.ListField(child=serializers.CharField(), help_text="The discount's id, if any.")
     metadata = serializers.DictField(child=serializers.CharField(allow_blank=True))
     created = serializers.DateTimeField()
 
@@ -415,6 +549,7 @@ class LineItem(serializers.Serializer):
     price = serializers.CharField(allow_null=True)
     quantity = serializers.IntegerField()
     amount = serializers.IntegerField()
+    discount_amounts = DiscountAmount(many=True, help_text="The invoice's discount on this line, before tax.")
     currency = serializers.CharField()
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
@@ -424,7 +559,8 @@ class LineItem(serializers.Serializer):
 
 
 class Invoice(serializers.Serializer):
-    """One invoice per subscription period. `total = subtotal + tax`; `amount_due = total - credit_applied`."""
+    """One invoice per subscription period. `total = subtotal - discounts + tax`; `amount_due = total -
+    credit_applied`."""
 
     id = serializers.CharField()
     object = object_field("invoice")
@@ -438,8 +574,10 @@ class Invoice(serializers.Serializer):
     period_start = serializers.DateTimeField()
     period_end = serializers.DateTimeField()
     lines = LineItem(many=True)
-    subtotal = serializers.IntegerField()
-    tax = serializers.IntegerField()
+    subtotal = serializers.IntegerField(help_text="The sum of the lines, before discounts and tax.")
+    discounts = serializers.ListField(child=serializers.CharField(), help_text="The discount the invoice took.")
+    total_discount_amounts = DiscountAmount(many=True)
+    tax = serializers.IntegerField(help_text="On `subtotal` less the discounts.")
     tax_rate_bps = serializers.IntegerField()
     tax_status = serializers.ChoiceField(choices=["not_applicable", "calculated", "pending"])
     credit_applied = serializers.IntegerField()

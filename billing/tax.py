@@ -6,8 +6,9 @@ raises :class:`TaxUnavailable`: the invoice then waits as a draft with ``tax_sta
 the subscription's period advances, and the billing tick's reconciler finalises and charges the
 invoice when the provider answers again (docs/reference/billing.md#tax-pending).
 
-Tax is computed on the subtotal (the sum of the lines); the customer's credit balance is applied
-after tax, to the total, as Stripe applies a customer balance.
+Tax is computed on the subtotal (the sum of the lines) less the invoice's discounts, as Stripe taxes the
+discounted amount; the customer's credit balance is applied after tax, to the total, as Stripe applies a
+customer balance.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class TaxQuote:
 
 @dataclass(frozen=True)
 class TaxableInvoice:
-    """What a provider sees: the tenant, mode and customer, and ``subtotal`` minor units of ``currency``."""
+    """What a provider sees: the tenant, mode and customer, and ``subtotal`` minor units of ``currency``: the
+    invoice's amount after discounts (docs/reference/discounts.md), before tax and the customer's balance."""
 
     tenant_id: str
     livemode: bool

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import account, catalog, clocks, documents, gateway_accounts, payments, runs
+from billing.api import account, catalog, clocks, coupons, documents, gateway_accounts, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -12,6 +12,11 @@ urlpatterns = [
     path("subscriptions", catalog.SubscriptionListView.as_view(), name="subscriptions"),
     path("subscriptions/<str:id>", catalog.SubscriptionDetailView.as_view(), name="subscription"),
     path("subscriptions/<str:id>/cancel", catalog.SubscriptionCancelView.as_view(), name="subscription-cancel"),
+    path("customers/<str:id>/discount", coupons.CustomerDiscountView.as_view(), name="customer-discount"),
+    path("subscriptions/<str:id>/discount", coupons.SubscriptionDiscountView.as_view(), name="subscription-discount"),
+    # Coupons (billing/api/coupons.py).
+    path("coupons", coupons.CouponListView.as_view(), name="coupons"),
+    path("coupons/<str:id>", coupons.CouponDetailView.as_view(), name="coupon"),
     path("invoices", catalog.InvoiceListView.as_view(), name="invoices"),
     path("invoices/upcoming", catalog.InvoiceUpcomingView.as_view(), name="invoice-upcoming"),
     path("invoices/<str:id>", catalog.InvoiceDetailView.as_view(), name="invoice"),

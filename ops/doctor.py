@@ -100,6 +100,7 @@ CHECK_FILES: tuple[str, ...] = (
     "events",
     "deliveries",
     "dunning",
+    "discounts",
 )
 
 

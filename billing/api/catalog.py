@@ -13,11 +13,13 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from billing import serializers as s
+from billing.api.coupons import coupon_change
 from billing.api.customers import CustomerUpdateMixin
 from billing.models import Customer, Invoice, Price, Subscription
 from billing.models.subscriptions import BILLING_STATE_FILTERS
 from billing.representations import customer_data, invoice_data, price_data, subscription_data
-from billing.services import catalog, changes, pausing
+from billing.services import catalog, changes, discounts, pausing
+from billing.services.discounts import KEEP
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError, business_rule_codes
 
@@ -34,6 +36,7 @@ class CustomerListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.CustomerCreate)
+        coupon = coupon_change(data)
         customer = catalog.create_customer(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -43,6 +46,7 @@ class CustomerListView(ApiView):
             default_payment_method=data.get("default_payment_method", ""),
             metadata=data.get("metadata"),
             test_clock_id=data.get("test_clock"),
+            coupon_id=coupon if isinstance(coupon, str) else None,
         )
         return Response(customer_data(customer), status=status.HTTP_201_CREATED)
 
@@ -123,6 +127,7 @@ class SubscriptionListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.SubscriptionCreate)
+        coupon = coupon_change(data)
         subscription = catalog.create_subscription(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -134,6 +139,7 @@ class SubscriptionListView(ApiView):
             trial_period_days=data.get("trial_period_days"),
             cancel_at_period_end=data["cancel_at_period_end"],
             metadata=data.get("metadata"),
+            coupon_id=coupon if isinstance(coupon, str) else None,
         )
         return Response(subscription_data(subscription), status=status.HTTP_201_CREATED)
 
@@ -178,7 +184,9 @@ class SubscriptionDetailView(ApiView):
         "unused time is credited and a full period from now invoiced and charged at once (422 codes in the "
         "field's description). 422 `resumes_at_in_past` for a `resumes_at` not after the "
         "subscription's current time; `subscription_canceled` (409 for a change, 422 for a pause) when the "
-        "subscription is canceled.",
+        "subscription is canceled. `coupon` or `discounts` applies a coupon (`discounts: []` deletes the discount), "
+        "in the same transaction as a change of items and before it (a change invoiced at once takes it); 422 "
+        "`pause_with_discount` with `pause_collection`.",
         tags=["subscriptions"],
         parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionUpdate,
@@ -187,12 +195,19 @@ class SubscriptionDetailView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
+        coupon = coupon_change(data)
         if "pause_collection" in data:
             if data["billing_cycle_anchor"] != changes.ANCHOR_UNCHANGED:
                 raise InvalidRequestError(
                     "Restart the billing cycle and pause collection in separate requests.",
                     code="billing_cycle_anchor_conflict",
                     param="billing_cycle_anchor",
+                )
+            if coupon is not KEEP:
+                raise InvalidRequestError(
+                    "Send a discount and a pause of collection as separate requests.",
+                    code="pause_with_discount",
+                    param="pause_collection",
                 )
             if "items" in data:
                 raise InvalidRequestError(
@@ -201,6 +216,11 @@ class SubscriptionDetailView(ApiView):
                     param="pause_collection",
                 )
             return Response(subscription_data(self._update_pause_collection(id, data["pause_collection"])))
+        if coupon is not KEEP and "items" not in data and data["billing_cycle_anchor"] == changes.ANCHOR_UNCHANGED:
+            subscription = discounts.set_subscription_discount(
+                tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, coupon_id=coupon
+            )
+            return Response(subscription_data(subscription))
         subscription, _invoice = changes.change_subscription(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -210,6 +230,7 @@ class SubscriptionDetailView(ApiView):
             proration_date=data.get("proration_date"),
             effective_at=data["effective_at"],
             billing_cycle_anchor=data["billing_cycle_anchor"],
+            coupon=coupon,
         )
         return Response(subscription_data(subscription))
 
@@ -315,7 +336,7 @@ class InvoiceUpcomingView(ApiView):
 
 # A JSON array inside a query string: its shape is a rule the OpenAPI document states in prose only.
 PROPOSED_ITEMS_CODES = business_rule_codes("items_invalid")
-UPDATE_CODES = business_rule_codes("pause_with_items")
+UPDATE_CODES = business_rule_codes("pause_with_items", "pause_with_discount")
 
 
 def _proposed_items(raw: str) -> list[dict]:

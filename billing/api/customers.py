@@ -10,8 +10,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 
 from billing import serializers as out
+from billing.api.coupons import coupon_change
 from billing.representations import customer_data
+from billing.serializers import coupon_field, discounts_field
 from billing.services.customers import update_customer
+from billing.services.discounts import KEEP
 from hardcount.api import MetadataField, StrictCharField, StrictEmailField, StrictSerializer, id_path_parameter, is_id
 from hardcount.errors import ResourceMissing
 
@@ -32,6 +35,8 @@ class CustomerUpdate(StrictSerializer):
         "retry at once with it, including one waiting after a hard decline.",
     )
     metadata = MetadataField(required=False, help_text="Replaces the whole set of keys.")
+    coupon = coupon_field()
+    discounts = discounts_field()
 
 
 class CustomerUpdateMixin:
@@ -41,7 +46,8 @@ class CustomerUpdateMixin:
         operation_id="customers_update",
         summary="Update a customer",
         description="Changes the fields given (emits `customer.updated` when something changed). A new "
-        "`default_payment_method` retries every invoice of the customer that is in dunning at once.",
+        "`default_payment_method` retries every invoice of the customer that is in dunning at once. "
+        "`coupon` or `discounts` applies a coupon (`customer.discount.created`); `discounts: []` deletes the discount.",
         tags=["customers"],
         request=CustomerUpdate,
         parameters=[id_path_parameter("customer")],
@@ -51,5 +57,8 @@ class CustomerUpdateMixin:
         data = self.read_body(CustomerUpdate)
         if not is_id("customer", id):
             raise ResourceMissing(f"No such customer: '{id}'.")
+        coupon = coupon_change(data)
+        if coupon is not KEEP:
+            data["coupon"] = coupon
         customer = update_customer(tenant_id=self.tenant.pk, livemode=self.livemode, customer_id=id, **data)
         return Response(customer_data(customer))

@@ -2,6 +2,7 @@
 
 from billing.models.clocks import TestClock
 from billing.models.customers import Customer, Price
+from billing.models.discounts import Coupon, Discount
 from billing.models.gateway_accounts import GatewayAccount
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
 from billing.models.items import InvoiceItem, SubscriptionItem
@@ -14,7 +15,9 @@ from billing.models.subscriptions import Subscription
 __all__ = [
     "BillingAttempt",
     "BillingRun",
+    "Coupon",
     "Customer",
+    "Discount",
     "GatewayAccount",
     "Invoice",
     "InvoiceCounter",

@@ -34,6 +34,8 @@ class Customer(TenantScoped):
     test_clock = models.ForeignKey(
         "billing.TestClock", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # The customer's current discount (docs/reference/discounts.md); its history is in billing.Discount.
+    discount = models.ForeignKey("billing.Discount", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

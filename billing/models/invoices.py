@@ -13,8 +13,9 @@ class Invoice(TenantScoped):
     The partial UNIQUE index ``invoice_one_per_period`` on ``(subscription_id,
     period_start)`` excluding voided invoices is the hard guard against double billing,
     whatever the application does. Amounts are minor units of ``currency``:
-    ``total = subtotal + tax``, ``amount_due = total - credit_applied`` (never
-    negative). Once finalised (``open``) an invoice's amounts are frozen; every charge
+    ``total = subtotal - total_discount + tax``, ``amount_due = total - credit_applied`` (never
+    negative); ``total_discount`` is the sum of the lines' ``discount_amount``, of ``discount``
+    (docs/reference/discounts.md). Once finalised (``open``) an invoice's amounts are frozen; every charge
     under its PaymentIntent uses ``amount_due``.
     """
 
@@ -47,6 +48,9 @@ class Invoice(TenantScoped):
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
     subtotal = models.BigIntegerField(default=0)
+    # The discount the invoice took (docs/reference/discounts.md) and its amount over all lines.
+    discount = models.ForeignKey("billing.Discount", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    total_discount = models.BigIntegerField(default=0)
     tax = models.BigIntegerField(default=0)
     tax_rate_bps = models.PositiveIntegerField(default=0)
     tax_status = models.CharField(max_length=16, choices=TAX_STATUS_CHOICES, default=TAX_NOT_APPLICABLE)
@@ -78,8 +82,8 @@ class Invoice(TenantScoped):
             models.UniqueConstraint(fields=["tenant", "livemode", "number"], name="invoice_number_unique"),
             models.CheckConstraint(condition=models.Q(amount_due__gte=0), name="invoice_amount_due_nonnegative"),
             models.CheckConstraint(
-                condition=models.Q(total=models.F("subtotal") + models.F("tax")),
-                name="invoice_total_is_subtotal_plus_tax",
+                condition=models.Q(total=models.F("subtotal") - models.F("total_discount") + models.F("tax")),
+                name="invoice_total_is_subtotal_less_discount_plus_tax",
             ),
         ]
         indexes = [
@@ -107,6 +111,8 @@ class InvoiceLineItem(models.Model):
     price = models.ForeignKey("billing.Price", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     quantity = models.PositiveIntegerField(default=1)
     amount = models.BigIntegerField()
+    # The invoice's discount on this line, same sign as ``amount`` and never larger (docs/decisions/0153).
+    discount_amount = models.BigIntegerField(default=0)
     currency = models.CharField(max_length=3)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()

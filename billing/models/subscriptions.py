@@ -76,6 +76,8 @@ class Subscription(TenantScoped):
     # periods that start before ``pause_collection_resumes_at`` (null: until resumed by hand).
     pause_collection_behavior = models.CharField(max_length=24, blank=True, default="", choices=PauseBehavior.choices)
     pause_collection_resumes_at = models.DateTimeField(null=True, blank=True)
+    # The subscription's current discount, which beats the customer's (docs/reference/discounts.md).
+    discount = models.ForeignKey("billing.Discount", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -20,6 +20,7 @@ from billing.events import customer_event, price_event, subscription_event
 from billing.lock_objects import customer_qs_select_for_update, subscription_qs_select_for_update
 from billing.models import Customer, Price, Subscription, SubscriptionItem, TestClock
 from billing.periods import INTERVALS, period_start
+from billing.services import discounts
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from hardcount.times import database_now
@@ -76,12 +77,15 @@ def create_customer(
     default_payment_method: str = "",
     metadata: dict[str, str] | None = None,
     test_clock_id: str | None = None,
+    coupon_id: str | None = None,
 ) -> Customer:
     """Create a customer and emit ``customer.created``.
 
     ``test_clock_id`` attaches the customer (and so its subscriptions) to a test clock of
-    the same tenant; clocks are test-mode only. Raises :class:`InvalidRequestError` for a
-    clock in live mode, :class:`NotFoundError` for an unknown clock.
+    the same tenant; clocks are test-mode only. ``coupon_id`` is redeemed as the customer's
+    discount (:func:`billing.services.discounts.apply_to_customer_locked`). Raises
+    :class:`InvalidRequestError` for a clock in live mode or a coupon that cannot be redeemed,
+    :class:`NotFoundError` for an unknown clock or coupon.
     """
     with transaction.atomic():
         clock = None
@@ -108,7 +112,10 @@ def create_customer(
             metadata=metadata or {},
             test_clock=clock,
         )
-        customer_event(customer, "customer.created", created_at=billing_now(clock))
+        now = billing_now(clock)
+        customer_event(customer, "customer.created", created_at=now)
+        if coupon_id is not None:
+            discounts.apply_to_customer_locked(customer, coupon_id, at=now)
     return customer
 
 
@@ -182,6 +189,7 @@ def create_subscription(
     trial_period_days: int | None = None,
     cancel_at_period_end: bool = False,
     metadata: dict[str, str] | None = None,
+    coupon_id: str | None = None,
 ) -> Subscription:
     """Subscribe a customer to prices (``items``: ``[{"price": id, "quantity": n}]``; or ``price_id``, one item
     of quantity 1) and emit ``subscription.created``.
@@ -200,7 +208,8 @@ def create_subscription(
     customer's row lock); not both ``trial_end`` and ``trial_period_days``; a trial ends
     after now and at most 730 days later; no explicit anchor with a trial; an anchor no
     more than 24 hours before now and no later than one billing interval after now.
-    Unknown customer or price: :class:`NotFoundError`.
+    Unknown customer or price: :class:`NotFoundError`. ``coupon_id`` is redeemed as the subscription's
+    discount (:func:`billing.services.discounts.apply_to_subscription_locked`; its errors too).
     """
     with transaction.atomic():
         customer = _get(
@@ -263,6 +272,8 @@ def create_subscription(
             )
             for item_price, quantity in wanted
         )
+        if coupon_id is not None:
+            discounts.apply_to_subscription_locked(subscription, customer, coupon_id, at=now)
         subscription_event(subscription, "subscription.created", created_at=now)
     return subscription
 

@@ -49,6 +49,7 @@ from billing.services.close import (
     materialise_period_invoice,
     tax_quote,
 )
+from billing.services.discounts import KEEP, apply_discount, discount_for, set_subscription_discount_locked
 from billing.services.invoices import InvoiceStateError, pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
 from billing.services.ledger import credit_proration_locked, set_balance_applied
@@ -328,6 +329,7 @@ def change_subscription(
     proration_date: int | None = None,
     effective_at: str = "immediately",
     billing_cycle_anchor: str = ANCHOR_UNCHANGED,
+    coupon: object = KEEP,
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
 
@@ -340,11 +342,17 @@ def change_subscription(
     (:func:`billing.services.invoices.pay_invoice`). ``effective_at="period_end"`` prorates nothing and
     stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
     applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
-    Raises :class:`NotFoundError`,
-    :class:`InvalidRequestError` (see :func:`plan_change`) and :class:`StateConflictError` (a
-    canceled subscription).
+    ``coupon`` (a coupon id, or None to delete the discount; :data:`~billing.services.discounts.KEEP`: leave it)
+    is applied first, in the same transaction. Raises :class:`NotFoundError`,
+    :class:`InvalidRequestError` (see :func:`plan_change`, and a coupon that cannot be redeemed) and
+    :class:`StateConflictError` (a canceled subscription).
     """
     if billing_cycle_anchor == ANCHOR_NOW:
+        if coupon is not KEEP:
+            _refuse_restart(
+                "Send a discount and a restart of the billing cycle as separate requests.",
+                code="billing_cycle_anchor_conflict",
+            )
         return restart_cycle(
             tenant_id=tenant_id,
             livemode=livemode,
@@ -358,6 +366,8 @@ def change_subscription(
         sub = _subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        if coupon is not KEEP:
+            set_subscription_discount_locked(sub, coupon, at=billing_now(sub.test_clock))
         if effective_at == PERIOD_END:
             plan = plan_change(sub, items, proration_behavior=NONE)
             previous_schedule = sub.scheduled_items
@@ -668,6 +678,7 @@ def preview_upcoming(
             amount_due=max(amount, 0),
             created_at=now,
         )
+        apply_discount(invoice, lines, discount_for(invoice))
         quote = tax_quote(invoice)
         if quote is not None:
             apply_tax(invoice, quote)

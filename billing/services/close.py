@@ -37,6 +37,7 @@ from billing.models import (
 )
 from billing.periods import period_bounds
 from billing.queries import lock_due_subscription, materialise_invoice, next_invoice_number
+from billing.services.discounts import apply_discount_locked
 from billing.services.items import apply_scheduled_locked
 from billing.services.ledger import apply_balance_locked
 from billing.services.lines import items_by_subscription, period_lines, sweep_pending_locked
@@ -396,23 +397,26 @@ def finalize_or_pend_locked(
     customer: Customer | None = None,
     lines: list[InvoiceLineItem] | None = None,
 ) -> bool:
-    """Compute tax, apply the customer's balance and finalise a draft (locked) invoice; True when finalised.
+    """Apply its discount, compute tax, apply the customer's balance and finalise a draft (locked) invoice; True
+    when finalised.
 
-    When the tax provider cannot answer, the invoice stays a draft with ``tax_status=pending``
-    and False is returned. Finalising: ``total = subtotal + tax``, the balance applied to the
+    The discount first (:func:`billing.services.discounts.apply_discount_locked`, on ``lines`` and
+    the invoice). When the tax provider cannot answer, the invoice stays a draft with ``tax_status=pending``
+    and False is returned. Finalising: ``total = subtotal - total_discount + tax``, the balance applied to the
     total (:func:`billing.services.ledger.apply_balance_locked`), the next gapless number,
     status ``open``, ``invoice.finalized``. The amounts are frozen from here on. ``customer``:
     the invoice's customer if the caller has locked it already; ``lines``: its line items if
     known (each saves a query).
     """
+    # The customer before the discount: a once discount's row is claimed after it, as every close takes them.
+    customer = customer or customer_locked(invoice.customer_id)
+    lines = apply_discount_locked(invoice, lines)
     quote = tax_quote(invoice)
     if quote is None:
-        if invoice.tax_status != Invoice.TAX_PENDING:
-            invoice.tax_status = Invoice.TAX_PENDING
-            invoice.save(update_fields=["tax_status"])
+        invoice.tax_status = Invoice.TAX_PENDING
+        invoice.save(update_fields=["tax_status", "discount", "total_discount", "total", "amount_due"])
         return False
     apply_tax(invoice, quote)
-    customer = customer or customer_locked(invoice.customer_id)
     apply_balance_locked(customer, invoice, at=now)
     mark_finalized(invoice, number=next_invoice_number(invoice.tenant_id, invoice.livemode), now=now)
     invoice.save()
@@ -421,11 +425,13 @@ def finalize_or_pend_locked(
 
 
 def tax_quote(invoice: Invoice) -> TaxQuote | None:
-    """The tax provider's quote for a draft invoice's ``subtotal``, or None when it cannot answer (logged).
+    """The tax provider's quote for a draft invoice's ``subtotal - total_discount`` (tax is on the discounted
+    amount, as Stripe's), or None when it cannot answer (logged).
 
-    A negative subtotal (credits larger than the charges) is not taxed: nothing is charged on it.
+    A negative amount (credits larger than the charges) is not taxed: nothing is charged on it.
     """
-    if invoice.subtotal < 0:
+    taxable = invoice.subtotal - invoice.total_discount
+    if taxable < 0:
         return TaxQuote(rate_bps=0, amount=0, applicable=False)
     try:
         return get_tax_provider().calculate(
@@ -434,7 +440,7 @@ def tax_quote(invoice: Invoice) -> TaxQuote | None:
                 livemode=invoice.livemode,
                 customer_id=invoice.customer_id,
                 currency=invoice.currency,
-                subtotal=invoice.subtotal,
+                subtotal=taxable,
             )
         )
     except TaxUnavailable as exc:
@@ -445,11 +451,12 @@ def tax_quote(invoice: Invoice) -> TaxQuote | None:
 
 
 def apply_tax(invoice: Invoice, quote: TaxQuote) -> None:
-    """Set the invoice's tax from ``quote`` and ``total = subtotal + tax`` (minor units of its currency)."""
+    """Set the invoice's tax from ``quote`` and ``total = subtotal - total_discount + tax`` (minor units of its
+    currency)."""
     invoice.tax = quote.amount
     invoice.tax_rate_bps = quote.rate_bps
     invoice.tax_status = Invoice.TAX_CALCULATED if quote.applicable else Invoice.TAX_NOT_APPLICABLE
-    invoice.total = invoice.subtotal + invoice.tax
+    invoice.total = invoice.subtotal - invoice.total_discount + invoice.tax
 
 
 def mark_finalized(invoice: Invoice, *, number: int, now: datetime) -> None:

@@ -14,6 +14,7 @@ from billing.events import customer_event
 from billing.lock_objects import customer_qs_select_for_update
 from billing.models import Customer
 from billing.services.catalog import billing_now
+from billing.services.discounts import KEEP, apply_to_customer_locked, end_customer_discount_locked
 from dunning import services as dunning_services
 from hardcount.errors import NotFoundError
 
@@ -22,13 +23,16 @@ UPDATABLE_FIELDS = ("email", "name", "external_id", "default_payment_method", "m
 
 def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **changes) -> Customer:
     """Change the given fields of a customer (``email``, ``name``, ``external_id``,
-    ``default_payment_method``, ``metadata``; ``metadata`` replaces the whole set); returns it.
+    ``default_payment_method``, ``metadata``; ``metadata`` replaces the whole set); returns it. ``coupon``: a
+    coupon id to apply as the customer's discount, or None to delete its discount
+    (:mod:`billing.services.discounts`), in the same transaction.
 
     Emits ``customer.updated`` when something changed (nothing is written otherwise). A changed
     ``default_payment_method`` makes the customer's active dunning runs due at once. Raises
     :class:`~hardcount.errors.NotFoundError` for a customer not of the caller's tenant and mode,
     ``TypeError`` for a field that cannot be changed.
     """
+    coupon = changes.pop("coupon", KEEP)
     unknown = set(changes) - set(UPDATABLE_FIELDS)
     if unknown:
         raise TypeError(f"cannot update customer fields {sorted(unknown)}")
@@ -41,6 +45,12 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
         )
         if customer is None:
             raise NotFoundError(f"No such customer: '{customer_id}'.", param="id")
+        if coupon is not KEEP:
+            at = billing_now(customer.test_clock)
+            if coupon is None:
+                end_customer_discount_locked(customer, at=at)
+            else:
+                apply_to_customer_locked(customer, coupon, at=at)
         changed = [name for name, value in changes.items() if getattr(customer, name) != value]
         if not changed:
             return customer

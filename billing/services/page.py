@@ -13,7 +13,8 @@ a page at a time:
 1. :func:`prepare_page`, one transaction: lock the page's subscriptions still due for the claimed
    period (``FOR UPDATE SKIP LOCKED``), lock their customers (in id order), materialise and
    finalise every plain close's invoice with its lines (one per subscription item, read for the
-   whole page in one query), take the tenant's gapless numbers in one
+   whole page in one query) and their discounts (the page's in one query; a ``once`` discount, which
+   must be claimed under its row lock, sends its close to the per-close path), take the tenant's gapless numbers in one
    counter update, reserve each first payment attempt, and emit ``invoice.created`` and
    ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
@@ -48,11 +49,21 @@ from billing.lock_objects import (
     payment_attempt_qs_select_for_update,
     subscription_qs_select_for_update,
 )
-from billing.models import BillingAttempt, BillingRun, Customer, Invoice, InvoiceLineItem, PaymentAttempt, Subscription
+from billing.models import (
+    BillingAttempt,
+    BillingRun,
+    Coupon,
+    Customer,
+    Invoice,
+    InvoiceLineItem,
+    PaymentAttempt,
+    Subscription,
+)
 from billing.periods import period_bounds
 from billing.queries import due_condition, next_invoice_number
 from billing.representations import invoice_data
 from billing.services.close import apply_tax, hooks, mark_finalized, new_draft_invoice, tax_quote
+from billing.services.discounts import apply_discount, discounts_for_page
 from billing.services.ledger import record_balance_applied_locked, set_balance_applied
 from billing.services.lines import customers_with_pending, items_by_subscription
 from billing.services.payments import (
@@ -143,16 +154,21 @@ def prepare_page(
         ]
         sub_items = items_by_subscription(sub.id for sub in plain)
         customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
+        page_discounts = discounts_for_page(plain, {sub.id: bounds[sub.id][0] for sub in plain})
         drafts = []
         for sub in plain:
             customer = customers[sub.customer_id]
             if not customer.default_payment_method:
                 continue
+            discount = page_discounts[sub.id]
+            if discount is not None and discount.coupon.duration == Coupon.Duration.ONCE:
+                continue  # claimed under its row lock by the per-close path
             invoice, sub_lines = new_draft_invoice(sub, *bounds[sub.id], now, sub_items[sub.id])
+            created = invoice_data(invoice, lines=sub_lines)
+            apply_discount(invoice, sub_lines, discount)
             quote = tax_quote(invoice)
             if quote is None:
                 continue
-            created = invoice_data(invoice, lines=sub_lines)
             apply_tax(invoice, quote)
             set_balance_applied(customer, invoice)
             if needs_no_charge(invoice):

@@ -177,11 +177,11 @@ LEFT JOIN (SELECT invoice_id, sum(amount) AS amount FROM billing_invoicelineitem
 WHERE i.subtotal <> coalesce(l.amount, 0);
 
 -- name: invoice_total_is_subtotal_plus_tax
--- total = subtotal + tax on every invoice.
-SELECT id AS ref, 'total ' || total || ' but subtotal ' || subtotal || ' + tax ' || tax || ' = '
-       || (subtotal + tax) AS detail
+-- total = subtotal − total_discount + tax on every invoice (docs/reference/discounts.md).
+SELECT id AS ref, 'total ' || total || ' but subtotal ' || subtotal || ' − discount ' || total_discount
+       || ' + tax ' || tax || ' = ' || (subtotal - total_discount + tax) AS detail
 FROM billing_invoice
-WHERE total <> subtotal + tax;
+WHERE total <> subtotal - total_discount + tax;
 
 -- name: invoice_amount_due_is_total_minus_credit
 -- amount_due = total − credit_applied, and is never negative (credit never exceeds the total).

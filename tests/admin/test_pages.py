@@ -1,6 +1,7 @@
 """Every model's list and object page renders for a book that went through billing, dunning and webhooks."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 from django.apps import apps
 from django.urls import reverse
@@ -8,6 +9,7 @@ from django.utils import timezone
 
 from billing.gateway_accounts import set_account
 from billing.models import StripeEvent, TestClock
+from billing.services import discounts
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
@@ -28,6 +30,10 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     make_endpoint(tenant, "https://example.com/hook")
     paying = book.subscribed(tenant)
     book.subscribed(tenant, card=DECLINING_CARD)
+    coupon = discounts.create_coupon(tenant_id=tenant.id, livemode=False, percent_off=Decimal("10"), duration="once")
+    discounts.set_subscription_discount(
+        tenant_id=tenant.id, livemode=False, subscription_id=paying.id, coupon_id=coupon.id
+    )
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
     create_invoice_item(

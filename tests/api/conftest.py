@@ -42,6 +42,10 @@ class Api:
         response = self.client.post(path, data=data, content_type=content_type, **self._headers(headers))
         return response.status_code, response.json()
 
+    def delete(self, path: str, headers: dict | None = None):
+        response = self.client.delete(path, **self._headers(headers))
+        return response.status_code, response.json()
+
     def response(self, method: str, path: str, **kwargs):
         """The raw Django response, for header checks."""
         return getattr(self.client, method)(path, **kwargs, **self._headers(kwargs.pop("headers", None)))

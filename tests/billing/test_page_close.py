@@ -4,7 +4,9 @@ The reference is the per-close path (``HARDCOUNT_BILLING_PAGE_CLOSE`` off): the 
 seeded for two tenants, one drained each way, and everything the drains wrote is compared once
 ids, gateway ids and wall-clock times are set aside. The demo book has trials, credit balances,
 declining cards (dunning), cards that fail at the gateway (the retry ladder), cards in JPY and EUR,
-anchors on the 29th to 31st with two periods due: closes of every kind, in the same pages.
+anchors on the 29th to 31st with two periods due: closes of every kind, in the same pages. Both books
+get the same discounts (:func:`_discount`): percent and amount coupons on subscriptions and customers,
+repeating, forever and once (which the page close hands to the per-close path).
 """
 
 import re
@@ -18,7 +20,9 @@ from django.test.utils import CaptureQueriesContext
 from billing.models import (
     BillingAttempt,
     BillingRun,
+    Coupon,
     Customer,
+    Discount,
     Invoice,
     InvoiceLineItem,
     LedgerEntry,
@@ -62,6 +66,8 @@ VARYING_KEYS = {
     # Signed over the invoice's id (billing/hosted.py): a signature no canonical name can stand for.
     "hosted_invoice_url",
     "invoice_pdf",
+    "start",  # a discount's: the time it was applied, unless a period was due
+    "end",
 }
 GATEWAY_ID = re.compile(r"\b(pi|cus|ch|pm)_[A-Za-z0-9]{8,}\b")
 
@@ -74,7 +80,44 @@ def _seed_two_books(settings):
     tenants = [Tenant.objects.create(name=name) for name in ("per close", "page close")]
     for tenant in tenants:
         seed_demo_book(tenant_id=tenant.id, subscriptions=BOOK, seed=SEED, now=when, webhook_url="http://127.0.0.1:9/")
+        _discount(tenant)
     return tenants
+
+
+def _discount(tenant):
+    """The same discounts on a book: every fifth subscription 25 % for 3 months, the next one an amount off in its
+    currency (more than the invoice in usd), every seventh customer 12.5 % forever, every eleventh subscription a
+    once coupon."""
+    from decimal import Decimal
+
+    from billing.services import discounts
+
+    def coupon(**terms):
+        return discounts.create_coupon(tenant_id=tenant.id, livemode=False, **terms).id
+
+    repeating = coupon(percent_off=Decimal("25"), duration="repeating", duration_in_months=3)
+    forever = coupon(percent_off=Decimal("12.5"), duration="forever")
+    amount_off = {
+        currency: coupon(amount_off=amount, currency=currency, duration="forever")
+        for currency, amount in (("usd", 5000), ("jpy", 150), ("eur", 250))
+    }
+    once = {currency: coupon(amount_off=99, currency=currency, duration="once") for currency in ("usd", "jpy", "eur")}
+    for n, sub in enumerate(Subscription.objects.filter(tenant_id=tenant.id).select_related("price").order_by("id")):
+        chosen = None
+        if n % 5 == 0:
+            chosen = repeating
+        elif n % 5 == 1:
+            chosen = amount_off[sub.price.currency]
+        elif n % 11 == 4:
+            chosen = once[sub.price.currency]
+        if chosen:
+            discounts.set_subscription_discount(
+                tenant_id=tenant.id, livemode=False, subscription_id=sub.id, coupon_id=chosen
+            )
+        if n % 7 == 3:
+            discounts.set_customer_discount(
+                tenant_id=tenant.id, livemode=False, customer_id=sub.customer_id, coupon_id=forever
+            )
 
 
 class _Names:
@@ -82,7 +125,13 @@ class _Names:
 
     def __init__(self, tenant_id):
         self.names = {}
-        for label, model in (("customer", Customer), ("price", Price), ("sub", Subscription)):
+        for label, model in (
+            ("customer", Customer),
+            ("price", Price),
+            ("sub", Subscription),
+            ("coupon", Coupon),
+            ("discount", Discount),
+        ):
             for n, pk in enumerate(
                 model.objects.filter(tenant_id=tenant_id).order_by("id").values_list("id", flat=True)
             ):
@@ -163,6 +212,8 @@ def _snapshot(tenant_id) -> dict:
                 i.currency,
                 i.period_end,
                 i.subtotal,
+                names.names.get(i.discount_id),
+                i.total_discount,
                 i.tax,
                 i.tax_rate_bps,
                 i.tax_status,
@@ -175,7 +226,13 @@ def _snapshot(tenant_id) -> dict:
                 i.finalized_at is not None,
                 i.paid_at is not None,
                 [
-                    (names.text(line.description), names.names[line.price_id], line.quantity, line.amount)
+                    (
+                        names.text(line.description),
+                        names.names[line.price_id],
+                        line.quantity,
+                        line.amount,
+                        line.discount_amount,
+                    )
                     for line in i.lines.all()
                 ],
             )
@@ -260,6 +317,8 @@ def test_the_page_close_writes_what_the_per_close_path_writes(book, stripe_proxy
     kinds = Counter(a[6] for a in got["payment attempts"])
     assert kinds["succeeded"] > 100 and kinds["declined"] > 0 and kinds["error"] > 0, kinds
     assert sum(1 for e in got["ledger"] if e[3] == "applied_to_invoice") > 0  # credit applied in the page close
+    discounted = [i for i in got["invoices"] if i[6]]
+    assert len(discounted) > 20 and len({i[5] for i in discounted}) > 10, discounted  # discounts of every kind
     for part in expected:
         assert got[part] == expected[part], part
     assert got["invoice numbers"] == list(range(1, len(got["invoice numbers"]) + 1))  # gapless

@@ -281,7 +281,7 @@ def test_subtotal_not_equal_to_lines_is_found(world, db):
 
 
 def test_total_not_subtotal_plus_tax_is_found_without_the_check_constraint(world, db):
-    sql("ALTER TABLE billing_invoice DROP CONSTRAINT invoice_total_is_subtotal_plus_tax")
+    sql("ALTER TABLE billing_invoice DROP CONSTRAINT invoice_total_is_subtotal_less_discount_plus_tax")
     Invoice.objects.filter(pk=world.declined).update(tax=0)
     assert_only({"invoice_total_is_subtotal_plus_tax": [world.declined]})
 
@@ -853,6 +853,48 @@ def test_active_dunning_on_a_paid_invoice_is_found(world, db):
 def test_tenant_rows_unused_by_checks_are_harmless(world, db):
     Tenant.objects.create(name="Empty")
     assert failing() == {}
+
+
+# ------------------------------------------------------------------ coupons and discounts (ops/sql/discounts.sql)
+
+
+def test_a_line_discount_above_its_amount_is_found(world, db):
+    line = InvoiceLineItem.objects.filter(invoice_id=world.paid).first()
+    InvoiceLineItem.objects.filter(pk=line.pk).update(discount_amount=line.amount + 1)
+    assert_only(
+        {
+            "line_discount_within_amount": [line.id],
+            "invoice_discount_equals_lines": [world.paid],  # the invoice's total_discount is still 0
+        }
+    )
+
+
+def test_an_invoice_discount_that_is_not_its_lines_sum_is_found(world, db):
+    line = InvoiceLineItem.objects.filter(invoice_id=world.paid).first()
+    InvoiceLineItem.objects.filter(pk=line.pk).update(discount_amount=1)
+    assert_only({"invoice_discount_equals_lines": [world.paid]})
+
+
+def _coupon(tenant_id: str, **fields):
+    from billing.models import Coupon
+
+    return Coupon.objects.create(tenant_id=tenant_id, livemode=False, percent_off=10, duration="forever", **fields)
+
+
+def test_a_redemption_count_without_its_discounts_is_found(world, db):
+    coupon = _coupon(world.acme, times_redeemed=2)
+    assert_only({"coupon_redemptions_counted": [coupon.id]})
+
+
+def test_a_discount_across_tenants_is_found(world, db):
+    from billing.models import Discount
+
+    coupon = _coupon(world.globex, times_redeemed=1)
+    customer = Customer.objects.filter(tenant_id=world.acme, livemode=False).first()
+    discount = Discount.objects.create(
+        tenant_id=world.acme, livemode=False, coupon=coupon, customer=customer, start=timezone.now()
+    )
+    assert_only({"discount_of_its_own_tenant": [discount.id]})
 
 
 def test_every_check_has_a_test_that_plants_its_violation():
