@@ -232,6 +232,7 @@ def test_a_restart_on_the_wall_clock_credits_to_the_second_from_the_database_now
         ({"effective_at": "period_end"}, "billing_cycle_anchor_conflict", "effective_at"),
         ({"proration_date": 1807000000}, "billing_cycle_anchor_conflict", "proration_date"),
         ({"pause_collection": {"behavior": "void"}}, "billing_cycle_anchor_conflict", "billing_cycle_anchor"),
+        ({"coupon": "co_01m8s7dwa7e2mxeet01kee635q"}, "billing_cycle_anchor_conflict", "billing_cycle_anchor"),
         ({"billing_cycle_anchor": "tomorrow"}, "parameter_invalid", "billing_cycle_anchor"),
     ],
 )
