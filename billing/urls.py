@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import catalog, clocks, gateway_accounts, payments, runs
+from billing.api import catalog, clocks, credit_notes, gateway_accounts, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -30,6 +30,11 @@ urlpatterns = [
     path("invoices/<str:id>/payment_attempts", payments.InvoicePaymentAttemptsView.as_view(), name="invoice-payments"),
     path("invoiceitems", payments.InvoiceItemListView.as_view(), name="invoice-items"),
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
+    # Credit notes (billing/api/credit_notes.py).
+    path("credit_notes", credit_notes.CreditNoteListView.as_view(), name="credit-notes"),
+    path("credit_notes/preview", credit_notes.CreditNotePreviewView.as_view(), name="credit-note-preview"),
+    path("credit_notes/<str:id>", credit_notes.CreditNoteDetailView.as_view(), name="credit-note"),
+    path("credit_notes/<str:id>/void", credit_notes.CreditNoteVoidView.as_view(), name="credit-note-void"),
     # The caller's own Stripe account (billing/api/gateway_accounts.py).
     path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
     # Test clocks (billing/api/clocks.py).

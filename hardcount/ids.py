@@ -37,6 +37,9 @@ PREFIXES = {
     "delivery_attempt": "wha",
     "dunning_run": "dun",
     "gateway_account": "gwacct",
+    "credit_note": "cn",
+    "credit_note_line_item": "cnli",
+    "refund": "rfnd",
 }
 
 

@@ -1,6 +1,7 @@
 """Billing models, one module per concept."""
 
 from billing.models.clocks import TestClock
+from billing.models.credit_notes import CreditNote, CreditNoteCounter, CreditNoteLineItem, Refund
 from billing.models.customers import Customer, Price
 from billing.models.gateway_accounts import GatewayAccount
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
@@ -14,6 +15,9 @@ from billing.models.subscriptions import Subscription
 __all__ = [
     "BillingAttempt",
     "BillingRun",
+    "CreditNote",
+    "CreditNoteCounter",
+    "CreditNoteLineItem",
     "Customer",
     "GatewayAccount",
     "Invoice",
@@ -23,6 +27,7 @@ __all__ = [
     "LedgerEntry",
     "PaymentAttempt",
     "Price",
+    "Refund",
     "StripeEvent",
     "Subscription",
     "SubscriptionItem",

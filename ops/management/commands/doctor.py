@@ -90,6 +90,11 @@ class Command(BaseCommand):
                     using=options["database"], limit=options["gateway_limit"], max_examples=options["examples"]
                 )
             )
+            results.append(
+                doctor.check_gateway_refunds(
+                    using=options["database"], limit=options["gateway_limit"], max_examples=options["examples"]
+                )
+            )
         if options["json"]:
             self.stdout.write(json.dumps(doctor.summary(results), indent=2, ensure_ascii=False))
         else:
