@@ -17,6 +17,7 @@ from billing.models import CreditNote
 from billing.representations import credit_note_data
 from billing.services import credit_notes as service
 from hardcount.api import (
+    ERROR,
     STARTING_AFTER_HELP,
     ApiView,
     IdField,
@@ -168,7 +169,7 @@ class CreditNoteOut(serializers.Serializer):
 
 
 def _line_inputs(raw) -> list[service.LineInput] | None:
-    if raw is None:
+    if not raw:  # no lines, or an empty list: the credit note is by amount
         return None
     return [
         service.LineInput(
@@ -250,7 +251,7 @@ class CreditNoteListView(ApiView):
         "refund (the credit note is then void).",
         tags=["credit_notes"],
         request=CreditNoteCreate,
-        responses={201: CreditNoteOut},
+        responses={201: CreditNoteOut, 402: ERROR, 404: ERROR},
     )
     def post(self, request):
         data = self.read_body(CreditNoteCreate)
@@ -282,7 +283,7 @@ class CreditNotePreviewView(ApiView):
         summary="Preview a credit note (nothing is written)",
         description="The credit note `POST /v1/credit_notes` would issue with these parameters now.",
         tags=["credit_notes"],
-        responses={200: CreditNoteOut},
+        responses={200: CreditNoteOut, 404: ERROR},
     )
     def get(self, request):
         query = self.read_query()
@@ -294,7 +295,9 @@ class CreditNotePreviewView(ApiView):
                 raw = None
             serializer = CreditNoteLineCreate(data=raw, many=True)
             if not isinstance(raw, list) or not serializer.is_valid():
-                raise InvalidRequestError("lines must be a JSON array of credit note lines.", param="lines")
+                raise InvalidRequestError(
+                    "lines must be a JSON array of credit note lines.", code="credit_note_line_invalid", param="lines"
+                )
             lines = _line_inputs(serializer.validated_data)
         draft = service.preview_credit_note(
             query["invoice"], tenant_id=self.tenant.pk, livemode=self.livemode, **_request_of(query, lines)
