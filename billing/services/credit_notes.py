@@ -517,7 +517,7 @@ def record_refund(refund_id: str, result: gw.RefundResult) -> Refund:
         if result.outcome != gw.UNKNOWN:
             refund.completed_at = database_now()
         refund.save()
-        if refund.outcome == Refund.SUCCEEDED and previous != Refund.SUCCEEDED:
+        if refund.outcome == Refund.SUCCEEDED and previous in (Refund.UNKNOWN, Refund.PENDING):
             invoice_event(
                 invoice,
                 "invoice.refunded",
