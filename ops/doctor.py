@@ -483,7 +483,7 @@ def check_gateway_refunds(
                 violations.append(
                     f"{refund_id}: {amount} {currency} in the books, {found[0].amount} {found[0].currency} refunded"
                 )
-            elif (found[0].status == "succeeded") != (outcome == "succeeded"):
+            elif outcome in ("succeeded", "failed") and (found[0].status == "succeeded") != (outcome == "succeeded"):
                 violations.append(f"{refund_id}: {outcome} in the books, {found[0].status} at the gateway")
     except stripe.StripeError as exc:
         return CheckResult(

@@ -454,3 +454,20 @@ def test_api_lists_gets_previews_and_voids(book, stripe_proxy):
     other = Api(make_keys("Globex").test)
     assert other.get(f"/v1/credit_notes/{note['id']}")[0] == 404
     assert other.post("/v1/credit_notes", {"invoice": invoice.id, "amount": 1})[0] == 404
+
+
+def test_the_doctor_finds_every_refund_at_the_gateway_and_a_refund_the_books_misstate(book, stripe_proxy, no_doctor):
+    from ops import doctor
+
+    tenant = book.tenant()
+    invoice = _paid(book, tenant)
+    note = _create(invoice, amount=300, refund_amount=300)
+    result = doctor.check_gateway_refunds()
+    assert (result.status, result.note) == (doctor.OK, "1 refunds compared")
+
+    Refund.objects.filter(credit_note=note).update(outcome=Refund.UNKNOWN, gateway_refund_id="")
+    assert doctor.check_gateway_refunds().status == doctor.OK  # found by its metadata
+    Refund.objects.filter(credit_note=note).update(amount=299)
+    result = doctor.check_gateway_refunds()
+    assert result.status == doctor.FAIL
+    assert result.examples == [f"{Refund.objects.get(credit_note=note).id}: 299 usd in the books, 300 usd refunded"]

@@ -858,6 +858,7 @@ def test_tenant_rows_unused_by_checks_are_harmless(world, db):
 def test_every_check_has_a_test_that_plants_its_violation():
     from pathlib import Path
 
-    source = Path(__file__).read_text()
+    # This module and its siblings (test_doctor_credit_notes.py, …) plant the violations.
+    source = "".join(path.read_text() for path in sorted(Path(__file__).parent.glob("test_doctor*.py")))
     planted = {c.name for c in doctor.CHECKS if source.count(f'"{c.name}"') >= 1}
     assert planted == {c.name for c in doctor.CHECKS}
