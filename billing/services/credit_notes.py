@@ -473,8 +473,7 @@ def send_refund(refund_id: str, *, look_up_only: bool = False) -> Refund:
     if refund.outcome not in (Refund.UNKNOWN, Refund.PENDING):
         return refund
     req = _refund_request(refund)
-    with transaction.atomic():
-        key_old = refund.first_sent_at <= database_now() - key_safe_window()
+    key_old = refund.first_sent_at <= database_now() - key_safe_window()
     look_up = look_up_only or key_old or refund.outcome == Refund.PENDING
     try:
         gateway = gateway_for(refund.tenant_id, refund.livemode)
@@ -549,13 +548,9 @@ def reconcile_refunds(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 2
     ):
         if not fence.alive():
             break
-        # Taken by moving started_at under the row lock: two reconcilers do not send one refund at once.
-        with transaction.atomic():
-            claimed = (
-                Refund.objects.filter(stale, pk=refund_id)
-                .select_for_update(skip_locked=True)
-                .update(started_at=database_now())
-            )
+        # Taken by moving started_at: a second reconciler's UPDATE waits for the first's row lock, then
+        # re-reads the row, no longer stale, and takes nothing; so one refund is sent by one of them.
+        claimed = Refund.objects.filter(stale, pk=refund_id).update(started_at=database_now())
         if not claimed:
             continue
         refund = send_refund(refund_id)

@@ -12,7 +12,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
+from billing.api.credit_notes import CreditNoteLine, CreditNoteOut, RefundOut
 from billing.models import CreditNote, Customer, Invoice, LedgerEntry, PaymentAttempt, Refund
+from billing.representations import refund_data
 from billing.services import credit_notes
 from billing.services.credit_notes import (
     CreditNoteStateError,
@@ -444,6 +446,10 @@ def test_api_lists_gets_previews_and_voids(book, stripe_proxy):
 
     status, note = api.post("/v1/credit_notes", {"invoice": invoice.id, "amount": 100, "credit_amount": 100})
     assert status == 201
+    # The OpenAPI output schemas declare exactly the keys the representations return.
+    assert set(note) == set(CreditNoteOut().fields) and set(preview) == set(note)
+    assert set(note["lines"][0] if note["lines"] else preview["lines"][0]) == set(CreditNoteLine().fields)
+    assert set(refund_data(Refund(credit_note_id="cn_x", invoice_id="in_x"))) == set(RefundOut().fields)
     assert api.get(f"/v1/credit_notes/{note['id']}") == (200, note)
     status, listed = api.get("/v1/credit_notes", {"invoice": invoice.id})
     assert (status, [n["id"] for n in listed["data"]]) == (200, [note["id"]])
@@ -471,3 +477,27 @@ def test_the_doctor_finds_every_refund_at_the_gateway_and_a_refund_the_books_mis
     result = doctor.check_gateway_refunds()
     assert result.status == doctor.FAIL
     assert result.examples == [f"{Refund.objects.get(credit_note=note).id}: 299 usd in the books, 300 usd refunded"]
+
+
+def test_lines_are_taxed_at_the_invoices_rate_and_quantities_take_whole_units(book, no_doctor):
+    tenant = book.tenant()
+    invoice = _paid(book, tenant)
+    # The invoice as a taxed one of 3 units: subtotal 1,200 (3 × 400), tax 10 % = 120, total 1,320.
+    line = invoice.lines.get()
+    type(line).objects.filter(pk=line.pk).update(quantity=3, amount=1200)
+    Invoice.objects.filter(pk=invoice.pk).update(
+        subtotal=1200, tax=120, tax_rate_bps=1000, total=1320, amount_due=1320, amount_paid=1320
+    )
+    draft = credit_notes.preview_credit_note(
+        invoice.id, tenant_id=tenant.id, livemode=False, lines=[LineInput(line.id, quantity=1)]
+    )
+    assert (draft.subtotal, draft.tax, draft.total, draft.credit_amount) == (400, 40, 440, 440)
+    draft = credit_notes.preview_credit_note(
+        invoice.id, tenant_id=tenant.id, livemode=False, lines=[LineInput(line.id, amount=1005)], refund_amount=1106
+    )
+    assert (draft.subtotal, draft.tax, draft.total, draft.refund_amount) == (1005, 101, 1106, 1106)  # 100.5 rounds up
+    with pytest.raises(InvalidRequestError) as too_many:
+        credit_notes.preview_credit_note(
+            invoice.id, tenant_id=tenant.id, livemode=False, lines=[LineInput(line.id, quantity=4)]
+        )
+    assert too_many.value.param == "lines[0].quantity"
