@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from billing.models import CreditNote, Invoice, Refund
+from billing.models import CreditNote, CreditNoteCounter, CreditNoteLineItem, Invoice, Refund
 from billing.services import credit_notes
 from hardcount import audit
 from hardcount.admin import ReadOnlyAdmin, id_link, mode_filter, money, prefixed_search, short_time
@@ -144,3 +144,41 @@ class CreditNoteAdmin(ReadOnlyAdmin):
             self.message_user(request, f"{note.number}: voided.", messages.SUCCESS)
             self.record_action(request, VOID, note, "Voided.")
         return self.after_action(request, rows)
+
+
+@admin.register(CreditNoteLineItem)
+class CreditNoteLineItemAdmin(ReadOnlyAdmin):
+    list_display = ("id", "credit_note", "invoice_line_item", "amount", "quantity")
+    list_select_related = ("credit_note",)
+    search_fields = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(queryset, search_term, {"cnli_": "pk", "cn_": "credit_note_id"})
+
+
+@admin.register(CreditNoteCounter)
+class CreditNoteCounterAdmin(ReadOnlyAdmin):
+    list_display = ("tenant", "livemode", "last_number")
+    list_select_related = ("tenant",)
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdmin):
+    """Refunds to the card, one per credit note with a refund_amount; resolved by the reconciler, never edited."""
+
+    list_display = ("id", "credit_note", "invoice", "amount_display", "outcome", "status", "gateway_refund_id")
+    list_filter = (mode_filter(), "outcome", "status")
+    list_select_related = ("credit_note", "invoice")
+    search_fields = ("id",)
+    search_help_text = "Exact refund id (rfnd_…), credit note id (cn_…), invoice id (in_…) or gateway refund (re_…)."
+
+    @admin.display(description="amount")
+    def amount_display(self, refund: Refund) -> str:
+        return money(refund.amount, refund.currency)
+
+    def get_search_results(self, request, queryset, search_term):
+        return prefixed_search(
+            queryset,
+            search_term,
+            {"rfnd_": "pk", "cn_": "credit_note_id", "in_": "invoice_id", "re_": "gateway_refund_id"},
+        )

@@ -7,7 +7,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.gateway_accounts import set_account
-from billing.models import StripeEvent, TestClock
+from billing.models import Invoice, StripeEvent, TestClock
+from billing.services.credit_notes import LineInput, create_credit_note
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
@@ -29,6 +30,14 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     paying = book.subscribed(tenant)
     book.subscribed(tenant, card=DECLINING_CARD)
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    paid = Invoice.objects.get(subscription=paying)  # a credit note with a line and a refund: every credit-note row
+    create_credit_note(
+        paid.id,
+        tenant_id=tenant.id,
+        livemode=False,
+        lines=[LineInput(paid.lines.first().id, amount=100)],
+        refund_amount=100,
+    )
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
     create_invoice_item(
         tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"
