@@ -501,3 +501,31 @@ def test_lines_are_taxed_at_the_invoices_rate_and_quantities_take_whole_units(bo
             invoice.id, tenant_id=tenant.id, livemode=False, lines=[LineInput(line.id, quantity=4)]
         )
     assert too_many.value.param == "lines[0].quantity"
+
+
+def test_a_credit_already_used_cannot_be_voided(book):
+    from billing.services.ledger import grant_credit
+
+    tenant = book.tenant()
+    invoice = _paid(book, tenant)
+    note = _create(invoice, amount=350, credit_amount=350)
+    grant_credit(invoice.customer_id, tenant_id=tenant.id, livemode=False, amount=-300)  # 50 of it left
+    with pytest.raises(CreditNoteStateError) as refused:
+        void_credit_note(note.id, tenant_id=tenant.id, livemode=False)
+    assert refused.value.code == "credit_already_applied"
+    assert Customer.objects.get(pk=invoice.customer_id).credit_balance == 50
+
+
+def test_yen_are_credited_as_stored(book):
+    tenant = book.tenant()
+    sub = book.subscribed(tenant, card=VISA, amount=1200, currency="jpy")
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    invoice = Invoice.objects.get(subscription=sub)
+    note = _create(invoice, amount=500, out_of_band_amount=500)
+    invoice.refresh_from_db()
+    assert (note.currency, note.total, invoice.post_payment_credit_notes_amount, invoice.amount_paid) == (
+        "jpy",
+        500,
+        500,
+        1200,
+    )
