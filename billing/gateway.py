@@ -63,6 +63,8 @@ import stripe
 from django.conf import settings
 
 SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
+# A refund's outcomes besides succeeded, unknown and error (billing.models.Refund's): it finishes later, or failed.
+PENDING, FAILED = "pending", "failed"
 PROCESSING = "processing"  # the PaymentIntent status of a payment that settles later
 REQUIRES_ACTION = "requires_action"  # the PaymentIntent waits for the customer (3-D Secure)
 # PaymentIntent statuses that finish later, without another request of ours (docs/reference/payments.md).
@@ -511,9 +513,9 @@ def classify_refund(refund) -> RefundResult:
     if status == SUCCEEDED:
         outcome = SUCCEEDED
     elif status in REFUND_FAILED_STATUSES:
-        outcome = "failed"
+        outcome = FAILED
     else:
-        outcome = "pending"
+        outcome = PENDING
     return RefundResult(outcome, gateway_refund_id=refund_id, status=status)
 
 

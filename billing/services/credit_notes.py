@@ -506,7 +506,7 @@ def record_refund(refund_id: str, result: gw.RefundResult) -> Refund:
             refund.gateway_refund_id = result.gateway_refund_id
         refund.error_message = result.error_message[:2000]
         refund.http_status = result.http_status
-        if refund.outcome in definite and result.outcome not in (gw.SUCCEEDED, "failed"):
+        if refund.outcome in definite and result.outcome not in (gw.SUCCEEDED, gw.FAILED):
             refund.save(update_fields=["gateway_refund_id"])
             return refund
         previous = refund.outcome
