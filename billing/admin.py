@@ -719,6 +719,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                     "total_display",
                     "amount_due_display",
                     "amount_paid_display",
+                    "pre_payment_credit_notes_display",
+                    "post_payment_credit_notes_display",
                 )
             },
         ),
@@ -736,6 +738,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         "total_display",
         "amount_due_display",
         "amount_paid_display",
+        "pre_payment_credit_notes_display",
+        "post_payment_credit_notes_display",
         "dunning",
         "deliveries",
     )
@@ -745,6 +749,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
     amount_paid_display = _money("amount_paid", "amount paid")
+    pre_payment_credit_notes_display = _money("pre_payment_credit_notes_amount", "credit notes before payment")
+    post_payment_credit_notes_display = _money("post_payment_credit_notes_amount", "credit notes after payment")
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(
