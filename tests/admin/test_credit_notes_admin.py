@@ -28,7 +28,7 @@ def test_an_operator_refunds_part_of_a_paid_invoice_from_its_page(book, stripe_p
     assert (note.refund_amount, note.reason, note.created_by) == (250, "duplicate", "admin:operator-admin-test")
     assert Refund.objects.get(credit_note=note).outcome == Refund.SUCCEEDED
     shown = operator.get(page).content.decode()
-    assert "credit notes after payment" in shown and "$2.50" in shown
+    assert "Credit notes after payment" in shown and "$2.50" in shown
     entry = AuditLogEntry.objects.get(action="invoice.credit_note")
     assert entry.object_id == invoice.pk and "$2.50" in entry.message
 
