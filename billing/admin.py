@@ -15,7 +15,7 @@ import re
 from django.contrib import admin, messages
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Q
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
@@ -742,6 +742,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                     "total_display",
                     "amount_due_display",
                     "amount_paid_display",
+                    "pre_payment_credit_notes_display",
+                    "post_payment_credit_notes_display",
                 )
             },
         ),
@@ -759,6 +761,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         "total_display",
         "amount_due_display",
         "amount_paid_display",
+        "pre_payment_credit_notes_display",
+        "post_payment_credit_notes_display",
         "dunning",
         "deliveries",
     )
@@ -768,6 +772,8 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
     total_display = _money("total", "total")
     amount_due_display = _money("amount_due", "amount due")
     amount_paid_display = _money("amount_paid", "amount paid")
+    pre_payment_credit_notes_display = _money("pre_payment_credit_notes_amount", "credit notes before payment")
+    post_payment_credit_notes_display = _money("post_payment_credit_notes_amount", "credit notes after payment")
 
     def get_search_results(self, request, queryset, search_term):
         return prefixed_search(
@@ -781,10 +787,19 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         return invoice_label(invoice)
 
     def object_links(self, invoice: Invoice) -> list[tuple[str, str]]:
+        links = []
+        if invoice.status in (Invoice.OPEN, Invoice.PAID):  # billing/admin_credit_notes.py
+            links.append((reverse("admin:billing_invoice_credit_note", args=[invoice.pk]), "Issue a credit note"))
         run = _dunning_run(invoice)
         if run is None:
-            return []
-        return [(reverse("admin:dunning_dunningrun_change", args=[run.pk]), "Open its dunning run")]
+            return links
+        return [*links, (reverse("admin:dunning_dunningrun_change", args=[run.pk]), "Open its dunning run")]
+
+    def get_urls(self):
+        from billing.admin_credit_notes import issue_credit_note_view
+
+        view = self.admin_site.admin_view(lambda request, object_id: issue_credit_note_view(self, request, object_id))
+        return [path("<path:object_id>/credit_note/", view, name="billing_invoice_credit_note"), *super().get_urls()]
 
     def object_action_applies(self, invoice: Invoice, action: str) -> bool:
         if action == "retry_payment":
@@ -1326,3 +1341,7 @@ class GatewayAccountAdmin(ReadOnlyAdmin):
     list_filter = ("livemode",)
     list_select_related = ("tenant",)
     search_fields = ("id__exact", "tenant__id__exact", "connect_account__exact")
+
+
+# Credit notes' list and page, and the invoice page's form (registered there, kept apart from this module).
+from billing import admin_credit_notes  # noqa: E402, F401

@@ -17,6 +17,7 @@ from typing import Any
 from billing.representations import (
     billing_run_data,
     coupon_data,
+    credit_note_data,
     customer_data,
     discount_data,
     invoice_data,
@@ -46,6 +47,11 @@ def charge_event(invoice, type: str, data: dict[str, Any], *, created_at: dateti
     """Emit ``type`` (``charge.refunded``, ``charge.dispute.created``) about a charge of ``invoice``: ``data`` is
     the Stripe object as recorded (:mod:`billing.stripe_webhooks`); the event's tenant and mode are the invoice's."""
     return emit_for(invoice, type, data, created_at=created_at)
+
+
+def credit_note_event(note, type: str, *, created_at: datetime | None = None):
+    """Emit ``type`` about a credit note (:func:`~billing.representations.credit_note_data`)."""
+    return emit_for(note, type, credit_note_data(note), created_at=created_at)
 
 
 def subscription_event(subscription, type: str, *, created_at: datetime | None = None):
@@ -105,6 +111,7 @@ __all__ = [
     "billing_run_event",
     "charge_event",
     "coupon_event",
+    "credit_note_event",
     "customer_event",
     "discount_event",
     "invoice_event",

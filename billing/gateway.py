@@ -15,7 +15,9 @@ process re-derives them:
 - ``hc:{customer_id}:customer:{digest}`` creates the gateway customer, lazily, on the first
   charge (``digest`` hashes the body, so an email changed after a lost answer cannot make the
   key unusable; the worst case is an orphan gateway customer);
-- ``hc:{customer_id}:attach:{pm}`` attaches a payment method to it.
+- ``hc:{customer_id}:attach:{pm}`` attaches a payment method to it;
+- ``hc:{credit_note_id}:refund`` creates the one refund of a credit note (:meth:`Gateway.refund`; once that
+  key may have expired, :meth:`Gateway.find_refund` looks it up by metadata first).
 
 Outcomes of a charge, told apart by the exception classes the library raises:
 
@@ -61,6 +63,8 @@ import stripe
 from django.conf import settings
 
 SUCCEEDED, DECLINED, UNKNOWN, ERROR = "succeeded", "declined", "unknown", "error"
+# A refund's outcomes besides succeeded, unknown and error (billing.models.Refund's): it finishes later, or failed.
+PENDING, FAILED = "pending", "failed"
 PROCESSING = "processing"  # the PaymentIntent status of a payment that settles later
 REQUIRES_ACTION = "requires_action"  # the PaymentIntent waits for the customer (3-D Secure)
 # PaymentIntent statuses that finish later, without another request of ours (docs/reference/payments.md).
@@ -71,6 +75,8 @@ INVOICE_METADATA_KEY, TENANT_METADATA_KEY, CUSTOMER_METADATA_KEY = (
     "hardcount_tenant",
     "hardcount_customer",
 )
+# Metadata keys of every refund Hardcount creates.
+REFUND_METADATA_KEY, CREDIT_NOTE_METADATA_KEY = "hardcount_refund", "hardcount_credit_note"
 # Page size of the lookup's lists (Stripe's largest).
 LIST_PAGE_SIZE = 100
 
@@ -116,6 +122,9 @@ class ChargeRequest:
     payment_intent_id: str = ""
     tenant_id: str = ""
     livemode: bool = False
+    # Set the PaymentIntent's amount to ``amount`` before confirming it again: a credit note reduced the
+    # open invoice's ``amount_due`` since the PaymentIntent was created (docs/decisions/0158).
+    update_amount: bool = False
 
 
 @dataclass
@@ -237,6 +246,13 @@ class Gateway:
             if req.attach_payment_method:
                 self.attach_payment_method(result.gateway_customer_id, req.customer_id, req.payment_method)
                 result.payment_method_attached = True
+            if req.payment_intent_id and req.update_amount:
+                # Its own key, derived from the attempt's: the confirmation's body never changes under its key.
+                self._client.v1.payment_intents.update(
+                    req.payment_intent_id,
+                    params={"amount": req.amount},
+                    options={"idempotency_key": f"{req.idempotency_key}:amount"},
+                )
             if req.payment_intent_id:
                 intent = self._client.v1.payment_intents.confirm(
                     req.payment_intent_id,
@@ -296,6 +312,52 @@ class Gateway:
         except stripe.StripeError:
             return ""
         return charge.get("payment_intent") or ""
+
+    # --- refunds ------------------------------------------------------------------------------------------------
+
+    def refund(self, req: RefundRequest) -> RefundResult:
+        """Create the refund ``req`` under its idempotency key and classify the answer; never raises for gateway
+        failures. While the account backs off after a 429 nothing is sent (a transient error)."""
+        remaining = backoff_remaining(self.account)
+        if remaining > 0:
+            return RefundResult(UNKNOWN, http_status=429, error_message=f"rate limited for {remaining:.1f} s; not sent")
+        try:
+            refund = self._client.v1.refunds.create(
+                params={
+                    "payment_intent": req.payment_intent_id,
+                    "amount": req.amount,
+                    "metadata": {
+                        REFUND_METADATA_KEY: req.refund_id,
+                        CREDIT_NOTE_METADATA_KEY: req.credit_note_id,
+                        INVOICE_METADATA_KEY: req.invoice_id,
+                        TENANT_METADATA_KEY: req.tenant_id,
+                    },
+                },
+                options={"idempotency_key": req.idempotency_key},
+            )
+        except stripe.APIConnectionError as exc:
+            return RefundResult(UNKNOWN, error_message=f"connection: {exc.user_message or exc}")
+        except stripe.StripeError as exc:
+            message = f"{type(exc).__name__} ({exc.http_status}): {exc.user_message or exc}"
+            if exc.http_status == 429:
+                note_rate_limited(self.account, exc.headers or {})
+            outcome = UNKNOWN if is_transient_status(exc.http_status) else ERROR
+            return RefundResult(outcome, http_status=exc.http_status, error_message=message)
+        note_answered(self.account)
+        return classify_refund(refund)
+
+    def find_refund(self, req: RefundRequest) -> RefundResult | None:
+        """The refund ``req`` made, found among its PaymentIntent's refunds by the ``hardcount_refund`` metadata
+        (a list: strongly consistent), or None when there is none. Raises the library's errors."""
+        pages = self._client.v1.refunds.list(params={"payment_intent": req.payment_intent_id, "limit": LIST_PAGE_SIZE})
+        for refund in pages.auto_paging_iter():
+            if _as_dict(getattr(refund, "metadata", None)).get(REFUND_METADATA_KEY) == req.refund_id:
+                return classify_refund(refund)
+        return None
+
+    def retrieve_refund(self, refund_id: str) -> dict:
+        """The gateway refund ``refund_id`` as a plain dict (raises the library's errors)."""
+        return self._client.v1.refunds.retrieve(refund_id).to_dict()
 
     def retrieve_payment_intent(self, payment_intent_id: str):
         """The PaymentIntent object (raises the library's errors)."""
@@ -405,6 +467,56 @@ def _as_dict(value) -> dict:
     if not value:
         return {}
     return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+
+
+def refund_key(credit_note_id: str) -> str:
+    """Idempotency key of the one refund of a credit note: derived from it, so a re-send never takes a new key."""
+    return f"hc:{credit_note_id}:refund"
+
+
+# Refund statuses (https://docs.stripe.com/api/refunds/object#refund_object-status).
+REFUND_PENDING_STATUSES = ("pending", "requires_action")
+REFUND_FAILED_STATUSES = ("failed", "canceled")
+
+
+@dataclass(frozen=True)
+class RefundRequest:
+    """One refund to send: ``amount`` minor units of ``payment_intent_id``'s charge, for Hardcount refund
+    ``refund_id`` of credit note ``credit_note_id``. Its body is a function of these fields only."""
+
+    refund_id: str
+    credit_note_id: str
+    invoice_id: str
+    payment_intent_id: str
+    amount: int
+    idempotency_key: str
+    tenant_id: str
+    livemode: bool
+
+
+@dataclass
+class RefundResult:
+    """What the gateway said of a refund: ``outcome`` one of succeeded/pending/failed (the refund's ``status``
+    decides), ``unknown`` (no answer, or a transient error: re-sent under its key) or ``error`` (refused)."""
+
+    outcome: str
+    gateway_refund_id: str = ""
+    status: str = ""
+    error_message: str = ""
+    http_status: int | None = None
+
+
+def classify_refund(refund) -> RefundResult:
+    """The :class:`RefundResult` of a refund object (an answer, a list's item or an inbound event's)."""
+    status = (refund.get("status") if isinstance(refund, dict) else getattr(refund, "status", None)) or ""
+    refund_id = (refund.get("id") if isinstance(refund, dict) else getattr(refund, "id", None)) or ""
+    if status == SUCCEEDED:
+        outcome = SUCCEEDED
+    elif status in REFUND_FAILED_STATUSES:
+        outcome = FAILED
+    else:
+        outcome = PENDING
+    return RefundResult(outcome, gateway_refund_id=refund_id, status=status)
 
 
 def classify_payment_intent(intent) -> ChargeResult:

@@ -5,10 +5,13 @@ The lock order (docs/decisions/0010-drain-claims-and-parallel-closes.md, 0016-pa
 1. subscription
 2. invoice
    - pending invoice items an invoice sweeps in (:func:`billing.services.lines.sweep_pending_locked`, id order)
+   - credit notes and refunds of an invoice (written under the invoice's lock; a refund's record
+     locks the refund row after its invoice, :func:`refund_qs_select_for_update`)
 3. payment attempt
 4. customer (the ledger's balance: every ledger write holds it)
    - a coupon redeemed, or a ``once`` discount claimed (:mod:`billing.services.discounts`: conditional updates)
-5. invoice counter (:func:`billing.queries.next_invoice_number`, an upsert: take it last)
+5. invoice counter (:func:`billing.queries.next_invoice_number`) or credit-note counter
+   (:func:`billing.queries.next_credit_note_number`), upserts: take them last
 
 A transaction takes the kinds it needs in this order, several rows of one kind in id order, so
 two writers never wait on each other crosswise. Rows written without being locked first (an
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from django.db.models import Model, QuerySet
 
-from billing.models import Customer, Invoice, PaymentAttempt, Subscription
+from billing.models import Customer, Invoice, PaymentAttempt, Refund, Subscription
 
 
 def subscription_qs_select_for_update(*, skip_locked: bool = False) -> QuerySet[Subscription]:
@@ -46,6 +49,11 @@ def invoice_qs_select_for_update(*, skip_locked: bool = False) -> QuerySet[Invoi
 def payment_attempt_qs_select_for_update() -> QuerySet[PaymentAttempt]:
     """Payment attempts locked ``FOR UPDATE OF`` the attempt, in id order. After invoices."""
     return PaymentAttempt.objects.select_for_update(of=("self",)).order_by("pk")
+
+
+def refund_qs_select_for_update() -> QuerySet[Refund]:
+    """Refunds locked ``FOR UPDATE OF`` the refund, in id order. After their invoice."""
+    return Refund.objects.select_for_update(of=("self",)).order_by("pk")
 
 
 def customer_qs_select_for_update() -> QuerySet[Customer]:
@@ -109,6 +117,7 @@ __all__ = [
     "invoice_qs_select_for_update",
     "locked_by_id",
     "payment_attempt_qs_select_for_update",
+    "refund_qs_select_for_update",
     "subscription_and_invoice_locked",
     "subscription_locked",
     "subscription_qs_select_for_update",

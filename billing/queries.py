@@ -212,6 +212,22 @@ def next_invoice_number(tenant_id: str, livemode: bool, count: int = 1) -> int:
         return cursor.fetchone()[0]
 
 
+def next_credit_note_number(tenant_id: str, livemode: bool) -> int:
+    """NEXT_CREDIT_NOTE_NUMBER: take the next credit-note number of (tenant, mode), as
+    :func:`next_invoice_number` does for invoices: the upsert holds the counter row until the caller's
+    transaction ends, so numbers follow commit order and a rollback gives its number back (gapless).
+    Call it last in the transaction (after the ledger's customer lock)."""
+    sql = """
+        INSERT INTO billing_creditnotecounter (tenant_id, livemode, last_number) VALUES (%s, %s, 1)
+        ON CONFLICT (tenant_id, livemode) DO UPDATE
+            SET last_number = billing_creditnotecounter.last_number + 1
+        RETURNING last_number
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant_id, livemode])
+        return cursor.fetchone()[0]
+
+
 def record_billing_failure(
     subscription_id: str, *, error: str, fresh: bool = False
 ) -> tuple[int, datetime | None, datetime | None, datetime]:

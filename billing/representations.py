@@ -211,6 +211,8 @@ def invoice_data(inv, lines=None) -> dict[str, Any]:
         "total": inv.total,
         "amount_due": inv.amount_due,
         "amount_paid": inv.amount_paid,
+        "pre_payment_credit_notes_amount": inv.pre_payment_credit_notes_amount,
+        "post_payment_credit_notes_amount": inv.post_payment_credit_notes_amount,
         "payment_intent": inv.payment_intent_id or None,
         "attempt_count": inv.attempt_count,
         "created": iso(inv.created_at),
@@ -346,3 +348,72 @@ def test_clock_data(clock) -> dict[str, Any]:
 
 
 test_clock_data.__test__ = False  # not a pytest test despite its name
+
+
+def credit_note_line_data(line) -> dict[str, Any]:
+    """One credit-note line: ``amount`` minor units (before tax) credited for an invoice line."""
+    return {
+        "id": line.id,
+        "object": "credit_note_line_item",
+        "type": "invoice_line_item",
+        "invoice_line_item": line.invoice_line_item_id,
+        "description": line.description,
+        "quantity": line.quantity,
+        "amount": line.amount,
+    }
+
+
+def refund_data(refund) -> dict[str, Any]:
+    """A refund to the card (Stripe's ``refund`` fields, with Hardcount's own id and ``outcome``)."""
+    return {
+        "id": refund.id,
+        "object": "refund",
+        "livemode": refund.livemode,
+        "credit_note": refund.credit_note_id,
+        "invoice": refund.invoice_id,
+        "payment_intent": refund.payment_intent_id,
+        "gateway_refund": refund.gateway_refund_id or None,
+        "amount": refund.amount,
+        "currency": refund.currency,
+        "status": refund.status or None,
+        "outcome": refund.outcome,
+        "idempotency_key": refund.idempotency_key,
+        "error_message": refund.error_message or None,
+        "created": iso(refund.first_sent_at) if hasattr(refund.first_sent_at, "isoformat") else None,
+        "completed_at": iso(refund.completed_at),
+    }
+
+
+def credit_note_data(note, lines=None) -> dict[str, Any]:
+    """A credit note (Stripe's ``credit_note``): ``total = subtotal + tax`` and
+    ``total = pre_payment_amount + refund_amount + credit_amount + out_of_band_amount``, minor units."""
+    if lines is None:
+        lines = list(note.lines.all())
+    refund = getattr(note, "refund", None) if note.refund_amount else None
+    return {
+        "id": note.id,
+        "object": "credit_note",
+        "livemode": note.livemode,
+        "number": note.number,
+        "invoice": note.invoice_id,
+        "customer": note.customer_id,
+        "status": note.status,
+        "type": note.type,
+        "reason": note.reason or None,
+        "memo": note.memo or None,
+        "currency": note.currency,
+        "lines": [credit_note_line_data(line) for line in lines],
+        "subtotal": note.subtotal,
+        "tax": note.tax,
+        "total": note.total,
+        "amount": note.total,
+        "pre_payment_amount": note.pre_payment_amount,
+        "post_payment_amount": note.total - note.pre_payment_amount,
+        "refund_amount": note.refund_amount,
+        "credit_amount": note.credit_amount,
+        "out_of_band_amount": note.out_of_band_amount,
+        "refund": refund_data(refund) if refund is not None else None,
+        "customer_balance_transaction": note.credit_entry_id,
+        "created": iso(note.created_at),
+        "voided_at": iso(note.voided_at),
+    }

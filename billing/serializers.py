@@ -584,6 +584,12 @@ class Invoice(serializers.Serializer):
     total = serializers.IntegerField()
     amount_due = serializers.IntegerField()
     amount_paid = serializers.IntegerField()
+    pre_payment_credit_notes_amount = serializers.IntegerField(
+        help_text="The non-void credit notes issued while the invoice was open: they reduced `amount_due`."
+    )
+    post_payment_credit_notes_amount = serializers.IntegerField(
+        help_text="The non-void credit notes issued after it was paid (refunded, credited or out of band)."
+    )
     payment_intent = serializers.CharField(allow_null=True)
     attempt_count = serializers.IntegerField()
     created = serializers.DateTimeField()

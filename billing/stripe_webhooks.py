@@ -29,6 +29,7 @@ from billing import gateway as gw
 from billing.events import charge_event
 from billing.gateway_accounts import WebhookAccount, gateway_for
 from billing.models import GatewayAccount, Invoice, StripeEvent
+from billing.services.credit_notes import refund_from_gateway, refunds_to_check, send_refund
 from billing.services.payments import PaymentIntentEffect, billing_time, invoice_clock_id, record_payment_intent
 from hardcount import tenancy
 
@@ -45,8 +46,10 @@ PAYMENT_INTENT_EVENTS = frozenset(
         "payment_intent.canceled",
     }
 )
-# Recorded and mirrored to the tenant; refunds and disputes proper come later.
+# Recorded and mirrored to the tenant; a charge.refunded also makes the invoice's open refunds be looked up.
 CHARGE_EVENTS = frozenset({"charge.refunded", "charge.dispute.created"})
+# A refund's state, re-checked at the gateway and recorded on the Hardcount refund it belongs to.
+REFUND_EVENTS = frozenset({"refund.created", "refund.updated"})
 # PaymentIntent statuses it never leaves: an event carrying one is taken as delivered.
 FINAL_STATUSES = frozenset({gw.SUCCEEDED, "canceled"})
 
@@ -113,7 +116,12 @@ def handle(account: WebhookAccount, event: dict[str, Any]) -> Receipt:
     if type_ in PAYMENT_INTENT_EVENTS and obj.get("object") == "payment_intent":
         return _payment_intent_event(account, event, obj)
     if type_ in CHARGE_EVENTS:
-        return _charge_event(account, event, obj)
+        receipt = _charge_event(account, event, obj)
+        if type_ == "charge.refunded" and receipt.invoice_id and not receipt.duplicate:
+            _look_up_open_refunds(receipt.invoice_id)
+        return receipt
+    if type_ in REFUND_EVENTS and obj.get("object") == "refund":
+        return _refund_event(account, event, obj)
     return _store(account, event, StripeEvent.IGNORED, detail="event type not handled")
 
 
@@ -187,6 +195,40 @@ def _charge_data(type_: str, obj: dict, invoice: Invoice) -> dict[str, Any]:
         "amount_refunded": _int(obj.get("amount_refunded")),
         "refunded": bool(obj.get("refunded")),
     }
+
+
+# --- refunds -------------------------------------------------------------------------------------------------------
+
+
+def _refund_event(account: WebhookAccount, event: dict, obj: dict) -> Receipt:
+    """A ``refund.*`` event: the refund is retrieved from the gateway (events come in any order) and its
+    state recorded on the Hardcount refund of the same id or ``hardcount_refund`` metadata, once."""
+    intent_id = _text(obj.get("payment_intent"))
+    invoice = _invoice_of(account, intent_id, _metadata(obj)) if intent_id else None
+    if invoice is None:
+        return _store(account, event, StripeEvent.NO_INVOICE, payment_intent_id=intent_id)
+    refund_id = _text(obj.get("id"))
+    try:
+        current = gateway_for(invoice.tenant_id, invoice.livemode).retrieve_refund(refund_id)
+    except stripe.StripeError as exc:
+        raise GatewayUnavailable(f"retrieving {refund_id}: {type(exc).__name__} ({exc.http_status})") from exc
+    with transaction.atomic(), tenancy.cross_tenant():
+        row = _insert(account, event, StripeEvent.NO_CHANGE, invoice=invoice, payment_intent_id=intent_id)
+        if row is None:
+            return Receipt(event["id"], event["type"], _stored_result(account, event["id"]), duplicate=True)
+        refund = refund_from_gateway(current, tenant_id=invoice.tenant_id, livemode=invoice.livemode)
+        if refund is not None:
+            row.result, row.detail = StripeEvent.APPLIED, f"refund {refund.id}: {refund.outcome} ({refund.status})"
+            row.save(update_fields=["result", "detail"])
+    return Receipt(event["id"], event["type"], row.result, invoice_id=invoice.id)
+
+
+def _look_up_open_refunds(invoice_id: str) -> None:
+    """After a ``charge.refunded``: look the invoice's refunds without a definite outcome up at the gateway
+    (never re-sent from here; the reconciler stays the fallback when the gateway does not answer)."""
+    invoice = Invoice.objects.get(pk=invoice_id)
+    for refund_id in refunds_to_check(invoice):
+        send_refund(refund_id, look_up_only=True)
 
 
 # --- rows ----------------------------------------------------------------------------------------------------------
@@ -295,6 +337,7 @@ def _created(value) -> datetime | None:
 __all__ = [
     "CHARGE_EVENTS",
     "PAYMENT_INTENT_EVENTS",
+    "REFUND_EVENTS",
     "TOLERANCE_S",
     "EventRejected",
     "GatewayUnavailable",

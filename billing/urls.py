@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from billing.api import account, catalog, clocks, coupons, documents, gateway_accounts, payments, runs
+from billing.api import account, catalog, clocks, coupons, credit_notes, documents, gateway_accounts, payments, runs
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -44,6 +44,11 @@ urlpatterns = [
     path("customers/<str:id>/credits", payments.CustomerCreditsView.as_view(), name="customer-credits"),
     # The caller's business details, printed on its invoice documents (billing/api/account.py).
     path("account", account.AccountView.as_view(), name="account"),
+    # Credit notes (billing/api/credit_notes.py).
+    path("credit_notes", credit_notes.CreditNoteListView.as_view(), name="credit-notes"),
+    path("credit_notes/preview", credit_notes.CreditNotePreviewView.as_view(), name="credit-note-preview"),
+    path("credit_notes/<str:id>", credit_notes.CreditNoteDetailView.as_view(), name="credit-note"),
+    path("credit_notes/<str:id>/void", credit_notes.CreditNoteVoidView.as_view(), name="credit-note-void"),
     # The caller's own Stripe account (billing/api/gateway_accounts.py).
     path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
     # Test clocks (billing/api/clocks.py).

@@ -21,6 +21,12 @@ localstripe (the fake Stripe server from PyPI) differs from Stripe in these ways
    ``make run`` section names (a declining card, insufficient funds, authentication required:
    its PaymentIntents stay ``requires_action`` until authenticated, as Stripe's 4000002760003184).
 
+6. A refund larger than what is left of its charge is created anyway; Stripe refuses it (``amount_too_large``,
+   or ``charge_already_refunded`` once nothing is left). A PaymentIntent update stores ``amount`` as the form's
+   string and accepts it in any status; Stripe takes an integer, before the PaymentIntent is confirmed
+   (``requires_payment_method``, ``requires_confirmation``). ``POST /_hardcount/refunds/{id}/status``
+   (``status=failed|canceled|pending|succeeded``) plays a refund Stripe moves later.
+
 It also lets a test hold a payment in ``processing``, as Stripe's asynchronous payment methods
 do, and settle it later (:data:`CONTROL_ROUTES`; :meth:`devstack.strict_stripe.StrictStripe.hold_processing`
 and ``settle``): every charge of a payment method marked with
@@ -156,7 +162,72 @@ def apply_localstripe_fixes() -> None:
     }
     resources.extra_apis[:] = [(method, url, fixed_routes.get(url, func)) for method, url, func in resources.extra_apis]
     _add_processing_payments(resources, UserError)
+    _make_refunds_strict(resources, UserError)
     pi_cls._hardcount_fixed = True
+
+
+# The test's control of a refund's status (Stripe moves refunds to failed or canceled on its own).
+REFUND_STATUS_ROUTE = "/_hardcount/refunds/{id}/status"
+REFUND_STATUSES = ("pending", "succeeded", "failed", "canceled", "requires_action")
+
+
+def _make_refunds_strict(resources, UserError) -> None:
+    """Fix 6: refunds and PaymentIntent amounts as strict as Stripe's (see the module docstring)."""
+    refund_cls, charge_cls, pi_cls = resources.Refund, resources.Charge, resources.PaymentIntent
+    original_init = refund_cls.__init__
+
+    def __init__(self, charge=None, payment_intent=None, amount=None, metadata=None, **kwargs):
+        target = charge
+        if target is None and isinstance(payment_intent, str) and payment_intent.startswith("pi_"):
+            intent = pi_cls._api_retrieve(payment_intent)
+            target = intent.latest_charge.id if intent.latest_charge is not None else None
+        if isinstance(target, str) and target.startswith("ch_"):
+            charge_obj = charge_cls._api_retrieve(target)
+            left = charge_obj.amount - sum(r.amount for r in charge_obj.refunds._list if r.status != "failed")
+            wanted = resources.try_convert_to_int(amount) if amount is not None else left
+            if left <= 0:
+                raise UserError(
+                    400,
+                    f"Charge {target} has already been refunded.",
+                    {"code": "charge_already_refunded", "param": "amount"},
+                )
+            if isinstance(wanted, int) and wanted > left:
+                raise UserError(
+                    400,
+                    f"Refund amount ({wanted}) is greater than unrefunded amount on charge ({left})",
+                    {"code": "amount_too_large", "param": "amount"},
+                )
+        original_init(self, charge=charge, payment_intent=payment_intent, amount=amount, metadata=metadata, **kwargs)
+
+    original_update = pi_cls._api_update.__func__
+
+    def _api_update(cls, id, **data):
+        if "amount" in data:
+            amount = resources.try_convert_to_int(data["amount"])
+            if not isinstance(amount, int) or amount <= 0:
+                raise UserError(400, "Bad request")
+            if cls._api_retrieve(id).status not in ("requires_payment_method", "requires_confirmation"):
+                raise UserError(
+                    400,
+                    "This PaymentIntent's amount could not be updated because it has a status of "
+                    f"{cls._api_retrieve(id).status}.",
+                    {"code": "payment_intent_unexpected_state"},
+                )
+            data["amount"] = amount
+        return original_update(cls, id, **data)
+
+    def set_status(id=None, status=None, **kwargs):
+        if kwargs:
+            raise UserError(400, "Unexpected " + ", ".join(kwargs.keys()))
+        if status not in REFUND_STATUSES:
+            raise UserError(400, "status must be one of " + ", ".join(REFUND_STATUSES))
+        refund = refund_cls._api_retrieve(id)
+        refund.status = status
+        return refund
+
+    refund_cls.__init__ = __init__
+    pi_cls._api_update = classmethod(_api_update)
+    resources.extra_apis.append(("POST", REFUND_STATUS_ROUTE, set_status))
 
 
 # The test's controls of processing payments (served to callers with any secret key, as localstripe's API).

@@ -52,7 +52,9 @@ every PaymentIntent transition the proxy forwards (a create or confirmation's an
 error's PaymentIntent, a settle or a customer's authentication through the control methods) is
 posted to one URL as a Stripe event (``payment_intent.created``, ``payment_intent.succeeded``,
 ``payment_intent.payment_failed``, ``payment_intent.requires_action``, ``payment_intent.processing``,
-``payment_intent.canceled``), signed as Stripe signs (``Stripe-Signature: t=…,v1=…``, HMAC-SHA256
+``payment_intent.canceled``), and every refund (``refund.created`` and ``charge.refunded`` for a new one,
+``refund.updated`` when :meth:`StrictStripe.set_refund_status` moves it), signed as Stripe signs
+(``Stripe-Signature: t=…,v1=…``, HMAC-SHA256
 of ``"{t}.{body}"`` with the ``whsec_`` secret; https://docs.stripe.com/webhooks#verify-manually),
 and retried a few times while the receiver does not answer 2xx. :meth:`StrictStripe.complete_action`
 plays the customer who completes (or fails) a ``requires_action`` PaymentIntent's authentication.
@@ -428,12 +430,25 @@ class StrictStripe:
         if sender is not None:
             sender.stop()
 
+    def set_refund_status(self, refund: str, status: str) -> dict:
+        """Move a refund to ``status`` (``failed``, ``canceled``, ``pending``, ``succeeded``), as Stripe moves a
+        refund later on its own, with the ``refund.updated`` event it sends. Returns the refund. Raises
+        ``RuntimeError`` if the upstream refuses (an unknown refund or status)."""
+        return self._control(f"/_hardcount/refunds/{refund}/status", {"status": status})
+
     def _observe(self, payload: bytes, idempotency_key: str | None = None) -> None:
         sender = self.webhooks
         if sender is None:
             return
         for intent in _payment_intents_in(payload):
             sender.observe(intent, request_idempotency_key=idempotency_key)
+        body = _json(payload)
+        if body is not None and body.get("object") == "refund" and isinstance(body.get("charge"), str):
+            try:
+                charge = self._control(f"/v1/charges/{body['charge']}", None)
+            except (OSError, RuntimeError, ValueError):
+                charge = None
+            sender.observe_refund(body, charge, request_idempotency_key=idempotency_key)
 
     def _control(self, path: str, params: dict[str, str] | None) -> dict:
         """POST a control request straight to the upstream (not through the proxy, not logged); ``params`` None: GET."""
@@ -859,6 +874,23 @@ class WebhookSender:
         ]
         for type_ in types:
             self.send(type_, intent, request_idempotency_key=request_idempotency_key)
+
+    def observe_refund(self, refund: dict, charge: dict | None, *, request_idempotency_key: str | None = None) -> None:
+        """Note a refund the gateway answered with: a new one makes ``refund.created`` and ``charge.refunded``
+        (about ``charge``, its amounts after the refund), a change of status ``refund.updated``."""
+        refund_id = refund.get("id")
+        if not isinstance(refund_id, str):
+            return
+        status = refund.get("status") or ""
+        with self._lock:
+            previous = self._statuses.get(refund_id)
+            self._statuses[refund_id] = status
+        if previous is None:
+            self.send("refund.created", refund, request_idempotency_key=request_idempotency_key)
+            if charge is not None:
+                self.send("charge.refunded", charge, request_idempotency_key=request_idempotency_key)
+        elif previous != status:
+            self.send("refund.updated", refund, request_idempotency_key=request_idempotency_key)
 
     def send(self, type_: str, obj: dict, *, request_idempotency_key: str | None = None) -> dict:
         """Queue one event of ``type_`` about ``obj`` (any Stripe object); returns the event."""

@@ -39,6 +39,9 @@ PREFIXES = {
     "gateway_account": "gwacct",
     "coupon": "co",
     "discount": "di",
+    "credit_note": "cn",
+    "credit_note_line_item": "cnli",
+    "refund": "rfnd",
 }
 
 

@@ -101,6 +101,7 @@ CHECK_FILES: tuple[str, ...] = (
     "deliveries",
     "dunning",
     "discounts",
+    "credit_notes",
 )
 
 
@@ -249,7 +250,9 @@ _GATEWAY = named_sql.load("gateway")
 # compares with the gateway.
 _GATEWAY_ROWS = _GATEWAY["gateway_agrees_with_invoices"]
 GATEWAY_CHECK = Check(_GATEWAY_ROWS.name, _GATEWAY_ROWS.description, _GATEWAY_ROWS.sql)
-OPTIONAL_CHECKS: tuple[Check, ...] = (GATEWAY_CHECK,)
+_REFUND_ROWS = _GATEWAY["gateway_agrees_with_refunds"]
+REFUND_GATEWAY_CHECK = Check(_REFUND_ROWS.name, _REFUND_ROWS.description, _REFUND_ROWS.sql)
+OPTIONAL_CHECKS: tuple[Check, ...] = (GATEWAY_CHECK, REFUND_GATEWAY_CHECK)
 
 # The development default of settings.STRIPE_API_KEY: with no API base either, no gateway is configured.
 _DEVELOPMENT_STRIPE_KEY = "sk_test_hardcount_localstripe"
@@ -440,6 +443,69 @@ def _gateway_listing_violations(
                 f"but {intents[0]} succeeded at the gateway"
             )
     return violations
+
+
+def check_gateway_refunds(
+    *, using: str = "default", limit: int | None = None, max_examples: int = 5, client=None
+) -> CheckResult:
+    """Compare the refunds with the gateway (read-only): each has its credit note and, unless it was refused
+    (outcome ``error``), a gateway refund of its amount on its PaymentIntent, found by ``gateway_refund_id`` or
+    by its ``hardcount_refund`` metadata, whose ``succeeded`` agrees with the books. At most ``limit`` refunds,
+    newest first. Returns ``not checked`` without a gateway, ``error`` when it cannot be reached."""
+    import stripe
+
+    started = time.perf_counter()
+    name, invariant = REFUND_GATEWAY_CHECK.name, REFUND_GATEWAY_CHECK.invariant
+    if client is None and not gateway_configured():
+        return CheckResult(name, invariant, NOT_CHECKED, note="no gateway configured (STRIPE_API_BASE unset)")
+    sql = REFUND_GATEWAY_CHECK.sql + (" LIMIT %s" if limit is not None else "")
+    rows = _read_only_rows(using, sql, [limit] if limit is not None else [])
+    clients = _AccountClients(using, client)
+    violations: list[str] = []
+    try:
+        for refund_id, note_id, intent_id, gateway_id, amount, currency, outcome, tenant, livemode, has_note in rows:
+            if not has_note:
+                violations.append(f"{refund_id}: its credit note {note_id} does not exist")
+            if outcome == "error":
+                continue
+            account = clients.of(tenant, livemode)
+            found = [
+                r
+                for r in account.v1.refunds.list(params={"payment_intent": intent_id, "limit": 100}).auto_paging_iter()
+                if r.id == gateway_id
+                or (r.metadata.to_dict() if r.metadata else {}).get("hardcount_refund") == refund_id
+            ]
+            if not found:
+                violations.append(f"{refund_id}: no refund of PaymentIntent {intent_id} at the gateway ({outcome})")
+            elif len(found) > 1:
+                violations.append(
+                    f"{refund_id}: {len(found)} refunds at the gateway ({', '.join(r.id for r in found)})"
+                )
+            elif found[0].amount != amount or found[0].currency != currency:
+                violations.append(
+                    f"{refund_id}: {amount} {currency} in the books, {found[0].amount} {found[0].currency} refunded"
+                )
+            elif outcome in ("succeeded", "failed") and (found[0].status == "succeeded") != (outcome == "succeeded"):
+                violations.append(f"{refund_id}: {outcome} in the books, {found[0].status} at the gateway")
+    except stripe.StripeError as exc:
+        return CheckResult(
+            name,
+            invariant,
+            ERROR,
+            violations=len(violations),
+            examples=sorted(violations)[:max_examples],
+            note=f"gateway unreachable or refused: {type(exc).__name__}: {exc.user_message or exc}",
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+    return CheckResult(
+        name,
+        invariant,
+        FAIL if violations else OK,
+        violations=len(violations),
+        examples=sorted(violations)[:max_examples],
+        note=f"{len(rows)} refunds compared",
+        duration_ms=(time.perf_counter() - started) * 1000,
+    )
 
 
 # ---------------------------------------------------------------- reporting

@@ -60,6 +60,9 @@ EVENT_TYPES = (
     "dunning.exhausted",
     "charge.refunded",
     "charge.dispute.created",
+    "credit_note.created",
+    "credit_note.voided",
+    "invoice.refunded",
 )
 
 

@@ -1,6 +1,7 @@
 """Billing models, one module per concept."""
 
 from billing.models.clocks import TestClock
+from billing.models.credit_notes import CreditNote, CreditNoteCounter, CreditNoteLineItem, Refund
 from billing.models.customers import Customer, Price
 from billing.models.discounts import Coupon, Discount
 from billing.models.gateway_accounts import GatewayAccount
@@ -16,6 +17,9 @@ __all__ = [
     "BillingAttempt",
     "BillingRun",
     "Coupon",
+    "CreditNote",
+    "CreditNoteCounter",
+    "CreditNoteLineItem",
     "Customer",
     "Discount",
     "GatewayAccount",
@@ -26,6 +30,7 @@ __all__ = [
     "LedgerEntry",
     "PaymentAttempt",
     "Price",
+    "Refund",
     "StripeEvent",
     "Subscription",
     "SubscriptionItem",

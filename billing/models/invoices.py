@@ -58,6 +58,9 @@ class Invoice(TenantScoped):
     total = models.BigIntegerField(default=0)
     amount_due = models.BigIntegerField(default=0)
     amount_paid = models.BigIntegerField(default=0)
+    # Stripe's fields: the non-void credit notes issued while open (they reduced amount_due) and after payment.
+    pre_payment_credit_notes_amount = models.BigIntegerField(default=0)
+    post_payment_credit_notes_amount = models.BigIntegerField(default=0)
     # Stripe PaymentIntent for this invoice: one per invoice, created under a key derived
     # from the invoice id.
     payment_intent_id = models.CharField(max_length=255, blank=True, default="")
@@ -81,6 +84,17 @@ class Invoice(TenantScoped):
             ),
             models.UniqueConstraint(fields=["tenant", "livemode", "number"], name="invoice_number_unique"),
             models.CheckConstraint(condition=models.Q(amount_due__gte=0), name="invoice_amount_due_nonnegative"),
+            # The hard guard under the credit-note service's locked check (docs/decisions/0156).
+            models.CheckConstraint(
+                condition=models.Q(pre_payment_credit_notes_amount=0, post_payment_credit_notes_amount=0)
+                | models.Q(
+                    pre_payment_credit_notes_amount__gte=0,
+                    post_payment_credit_notes_amount__gte=0,
+                    total__gte=models.F("pre_payment_credit_notes_amount")
+                    + models.F("post_payment_credit_notes_amount"),
+                ),
+                name="invoice_credit_notes_within_total",
+            ),
             models.CheckConstraint(
                 condition=models.Q(total=models.F("subtotal") - models.F("total_discount") + models.F("tax")),
                 name="invoice_total_is_subtotal_less_discount_plus_tax",

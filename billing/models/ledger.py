@@ -19,7 +19,9 @@ class LedgerEntry(TenantScoped):
     GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT = "grant", "applied_to_invoice", "carried_debit", "adjustment"
     # The unused time of a subscription canceled with ``prorate`` (docs/decisions/0141).
     PRORATION_CREDIT = "proration_credit"
-    REASON_CHOICES = [(s, s) for s in (GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT, PRORATION_CREDIT)]
+    # A credit note's ``credit_amount`` (positive), or its reversal when the credit note is voided (negative).
+    CREDIT_NOTE = "credit_note"
+    REASON_CHOICES = [(s, s) for s in (GRANT, APPLIED, CARRIED_DEBIT, ADJUSTMENT, PRORATION_CREDIT, CREDIT_NOTE)]
 
     id = id_field("ledger_entry")
     customer = models.ForeignKey("billing.Customer", on_delete=models.PROTECT, related_name="ledger_entries")

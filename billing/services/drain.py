@@ -32,6 +32,7 @@ from billing.queries import claim_due_page, still_due
 from billing.services import pausing
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
 from billing.services.close import hooks as close_hooks
+from billing.services.credit_notes import reconcile_refunds
 from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
     Outcome,
@@ -513,8 +514,12 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
        request died between its commit and its charge; charged as ``pay_invoice`` would (not while the
        subscription's collection is paused).
 
+    4. Refunds left ``unknown`` (their sender died between the credit note's commit and the gateway's
+       answer) or ``pending``: :func:`billing.services.credit_notes.reconcile_refunds`.
+
     At most ``limit`` invoices per pass. Returns counts: ``tax_finalized``, ``tax_pending``,
-    ``payments_resolved``, ``payments_unresolved``. Raises :class:`LeaseLost` like the drain.
+    ``payments_resolved``, ``payments_unresolved``, ``refunds_resolved``, ``refunds_unresolved``. Raises
+    :class:`LeaseLost` like the drain.
     """
     counts = {"tax_finalized": 0, "tax_pending": 0, "payments_resolved": 0, "payments_unresolved": 0}
     pending_ids = list(
@@ -590,6 +595,8 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
         if resolved is None:
             continue
         counts["payments_resolved" if resolved else "payments_unresolved"] += 1
+
+    counts.update(reconcile_refunds(livemode=livemode, fence=fence, limit=limit))
     return counts
 
 

@@ -159,6 +159,22 @@ def credit_proration_locked(customer: Customer, *, amount: int, currency: str, a
     )
 
 
+def credit_note_entry_locked(
+    customer: Customer, *, amount: int, invoice: Invoice, at: datetime, description: str
+) -> LedgerEntry:
+    """A credit note's effect on the balance (customer row locked): ``+credit_amount`` when issued, its
+    negative when voided; reason ``credit_note``, linked to the credit note's invoice, in its currency."""
+    return _append_locked(
+        customer,
+        amount=amount,
+        currency=invoice.currency,
+        reason=LedgerEntry.CREDIT_NOTE,
+        at=at,
+        invoice=invoice,
+        description=description,
+    )
+
+
 def grant_credit(
     customer_id: str,
     *,

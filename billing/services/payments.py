@@ -400,6 +400,7 @@ def _new_attempt_key(invoice: Invoice, number: int) -> str:
 def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> gw.ChargeRequest:
     # Everything that shapes the body under the key comes from the attempt row (frozen when it
     # was reserved) or from ids that never change once known.
+    confirms = not attempt.idempotency_key.startswith(gw.create_key(invoice.id))
     return gw.ChargeRequest(
         invoice_id=invoice.id,
         customer_id=customer.id,
@@ -416,6 +417,9 @@ def _request(invoice: Invoice, customer: Customer, attempt: PaymentAttempt) -> g
         else attempt.payment_intent_id,
         tenant_id=invoice.tenant_id,
         livemode=invoice.livemode,
+        # A credit note reduced amount_due since the PaymentIntent was created: its amount follows first.
+        # No credit note is issued while an attempt is open, so a same-key re-send sees the same value.
+        update_amount=confirms and invoice.pre_payment_credit_notes_amount > 0,
     )
 
 

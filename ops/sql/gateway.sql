@@ -26,3 +26,13 @@ SELECT id FROM hardcount_tenant;
 -- name: gateway_invoices_by_id
 -- The status and PaymentIntent of the invoices a gateway listing names (parameter: a list of invoice ids).
 SELECT id, status, payment_intent_id FROM billing_invoice WHERE id = ANY(%s);
+
+-- name: gateway_agrees_with_refunds
+-- Every refund has its credit note and, unless the gateway refused it, a refund at the gateway: the one its
+-- gateway_refund_id names (or its hardcount_refund metadata finds), of its amount, on its PaymentIntent, whose status
+-- agrees with the books (succeeded ⇔ succeeded). Each refund is looked up in its tenant's own gateway account for its
+-- mode, else the platform's.
+SELECT r.id, r.credit_note_id, r.payment_intent_id, r.gateway_refund_id, r.amount, r.currency, r.outcome,
+       r.tenant_id, r.livemode, EXISTS (SELECT 1 FROM billing_creditnote c WHERE c.id = r.credit_note_id) AS has_note
+FROM billing_refund r
+ORDER BY r.id DESC;

@@ -184,11 +184,14 @@ FROM billing_invoice
 WHERE total <> subtotal - total_discount + tax;
 
 -- name: invoice_amount_due_is_total_minus_credit
--- amount_due = total − credit_applied, and is never negative (credit never exceeds the total).
-SELECT id AS ref, 'amount_due ' || amount_due || ' but total ' || total || ' − credit_applied '
-       || credit_applied || ' = ' || (total - credit_applied) AS detail
+-- amount_due = total − credit_applied − pre_payment_credit_notes_amount (the credit notes issued while it was open),
+-- and is never negative (credit never exceeds the total).
+SELECT id AS ref, 'amount_due ' || amount_due || ' but total ' || total || ' − credit_applied ' || credit_applied
+       || CASE WHEN pre_payment_credit_notes_amount <> 0
+               THEN ' − pre-payment credit notes ' || pre_payment_credit_notes_amount ELSE '' END
+       || ' = ' || (total - credit_applied - pre_payment_credit_notes_amount) AS detail
 FROM billing_invoice
-WHERE amount_due <> total - credit_applied OR amount_due < 0;
+WHERE amount_due <> total - credit_applied - pre_payment_credit_notes_amount OR amount_due < 0;
 
 -- name: money_amounts_nonnegative
 -- Prices, line items, invoice amounts and charges are never negative, except the lines of pending invoice items

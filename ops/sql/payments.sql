@@ -29,12 +29,25 @@ FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
 WHERE a.outcome = 'succeeded' AND i.status <> 'paid';
 
 -- name: payment_attempt_amount_matches_invoice
--- Every charge carries the invoice's amount_due and currency: the invoice is frozen once finalised, so the body
--- under an idempotency key never changes (docs/reference/billing.md).
+-- Every charge carries the invoice's amount_due and currency as they were when it was reserved: the invoice is frozen
+-- once finalised, so the body under an idempotency key never changes (docs/reference/billing.md), except that a
+-- credit note issued on the open invoice lowers amount_due for the attempts after it (docs/decisions/0158).
+WITH later_credit AS (
+    SELECT a.id, coalesce(sum(CASE WHEN c.status = 'issued' AND c.created_at > a.started_at THEN c.total
+                                   WHEN c.status = 'void' AND c.created_at <= a.started_at
+                                        AND c.voided_at > a.started_at THEN -c.total
+                                   ELSE 0 END), 0) AS amount
+    FROM billing_paymentattempt a
+    JOIN billing_creditnote c ON c.invoice_id = a.invoice_id AND c.type = 'pre_payment'
+    GROUP BY a.id
+)
 SELECT a.id AS ref, 'attempt charged ' || a.amount || ' ' || a.currency || ' for invoice ' || i.id
-       || ' whose amount_due is ' || i.amount_due || ' ' || i.currency AS detail
+       || ' whose amount_due is ' || i.amount_due || ' ' || i.currency
+       || ' (+ ' || coalesce(l.amount, 0) || ' credited after the attempt)' AS detail
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
-WHERE NOT a.settled_without_charge AND (a.amount <> i.amount_due OR a.currency <> i.currency);
+LEFT JOIN later_credit l ON l.id = a.id
+WHERE NOT a.settled_without_charge
+  AND (a.amount <> i.amount_due + coalesce(l.amount, 0) OR a.currency <> i.currency);
 
 -- name: payment_attempt_numbers_contiguous
 -- An invoice's payment attempts are numbered 1..n without a gap or a duplicate.
@@ -86,12 +99,13 @@ SELECT a.id, 'settled without charge but outcome ' || a.outcome || ', PaymentInt
 FROM billing_paymentattempt a
 WHERE a.settled_without_charge AND (a.outcome <> 'succeeded' OR a.payment_intent_id <> '')
 UNION ALL
-SELECT a.id, 'charged at the gateway, but amount_due ' || i.amount_due || ' ' || i.currency
+-- (The attempt's own amount: the invoice's amount_due when it was reserved, before any later credit note.)
+SELECT a.id, 'charged at the gateway, but its amount ' || a.amount || ' ' || i.currency
        || ' is below the minimum ' || coalesce(m.amount, 1)
 FROM billing_paymentattempt a JOIN billing_invoice i ON i.id = a.invoice_id
 LEFT JOIN unnest(%(minimum_charge_currencies)s::text[], %(minimum_charge_amounts)s::int[]) AS m(currency, amount)
        ON m.currency = i.currency
-WHERE NOT a.settled_without_charge AND i.amount_due < coalesce(m.amount, 1);
+WHERE NOT a.settled_without_charge AND a.amount < coalesce(m.amount, 1);
 
 -- name: payment_outcome_not_left_unknown
 -- No charge stays in limbo: a payment attempt whose outcome is unknown (the call was sent, its answer lost) is

@@ -8,8 +8,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.gateway_accounts import set_account
-from billing.models import StripeEvent, TestClock
+from billing.models import Invoice, StripeEvent, TestClock
 from billing.services import discounts
+from billing.services.credit_notes import LineInput, create_credit_note
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
@@ -35,6 +36,14 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
         tenant_id=tenant.id, livemode=False, subscription_id=paying.id, coupon_id=coupon.id
     )
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    paid = Invoice.objects.get(subscription=paying)  # a credit note with a line and a refund: every credit-note row
+    create_credit_note(
+        paid.id,
+        tenant_id=tenant.id,
+        livemode=False,
+        lines=[LineInput(paid.lines.first().id, amount=100)],
+        refund_amount=100,
+    )
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
     create_invoice_item(
         tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"

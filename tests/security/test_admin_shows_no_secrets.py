@@ -16,7 +16,8 @@ from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.models import StripeEvent, TestClock
+from billing.models import Invoice, StripeEvent, TestClock
+from billing.services.credit_notes import LineInput, create_credit_note
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
@@ -50,6 +51,14 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
     paying = book.subscribed(tenant)
     book.subscribed(tenant, card=DECLINING_CARD)
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    paid = Invoice.objects.get(subscription=paying)  # a credit note with a line and a refund: every credit-note row
+    create_credit_note(
+        paid.id,
+        tenant_id=tenant.id,
+        livemode=False,
+        lines=[LineInput(paid.lines.first().id, amount=100)],
+        refund_amount=100,
+    )
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
     create_invoice_item(
         tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"

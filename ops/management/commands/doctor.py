@@ -86,6 +86,11 @@ class Command(BaseCommand):
             logging.getLogger("httpx").setLevel(logging.WARNING)
             logging.getLogger("stripe").setLevel(logging.WARNING)
             results.append(
+                doctor.check_gateway_refunds(
+                    using=options["database"], limit=options["gateway_limit"], max_examples=options["examples"]
+                )
+            )
+            results.append(
                 doctor.check_gateway(
                     using=options["database"], limit=options["gateway_limit"], max_examples=options["examples"]
                 )
