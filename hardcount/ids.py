@@ -37,6 +37,8 @@ PREFIXES = {
     "delivery_attempt": "wha",
     "dunning_run": "dun",
     "gateway_account": "gwacct",
+    "meter": "mtr",
+    "meter_event": "mev",
 }
 
 

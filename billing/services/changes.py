@@ -44,6 +44,7 @@ from billing.services.ledger import credit_proration_locked, set_balance_applied
 from billing.services.lines import item_line, pending_for, period_description
 from billing.services.payments import PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
+from billing.services.usage import usage_lines_for
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_for
 
@@ -205,7 +206,9 @@ def _prorations(plan: ChangePlan) -> list[ProrationLine]:
     lines = []
 
     def line(words: str, price: Price, quantity: int, sign: int) -> None:
-        amount = prorate(sign * quantity * price.amount, remaining_s, period_s)
+        # A metered item is billed in arrears by its usage: nothing of it is prorated (as Stripe).
+        unit = 0 if price.is_metered else price.amount
+        amount = prorate(sign * quantity * unit, remaining_s, period_s)
         name = price.nickname or "Subscription"
         lines.append(
             ProrationLine(f"{words} {quantity} × {name} after {_day(plan.at)}", price, quantity, amount, plan.at, end)
@@ -478,7 +481,11 @@ def preview_upcoming(
                     subscription_item=item.id or "",
                 )
                 for item in after
+                if not item.price.is_metered
             ]
+            # The usage of the period under way so far, as its close would bill it (docs/decisions/0166).
+            current = list(sub.items.select_related("price").order_by("created_at", "id"))
+            lines += usage_lines_for([(sub, current)]).get(sub.id, [])
             pending = InvoiceItem.objects.filter(pending_for(sub, price.currency)).order_by("created_at", "id")
             lines += [item_line(item) for item in pending] + prorations
             reason = Invoice.CYCLE

@@ -73,6 +73,7 @@ from billing.services.payments import (
     plan_for,
     take_charge_locks,
 )
+from billing.services.usage import usage_lines_for
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
 from outbox import services as outbox_services
@@ -142,13 +143,16 @@ def prepare_page(
             if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken and sub.customer_id not in pending
         ]
         sub_items = items_by_subscription(sub.id for sub in plain)
+        usage = usage_lines_for([(sub, sub_items[sub.id]) for sub in plain])  # one statement for the page
         customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
         drafts = []
         for sub in plain:
             customer = customers[sub.customer_id]
             if not customer.default_payment_method:
                 continue
-            invoice, sub_lines = new_draft_invoice(sub, *bounds[sub.id], now, sub_items[sub.id])
+            invoice, sub_lines = new_draft_invoice(
+                sub, *bounds[sub.id], now, sub_items[sub.id], usage=usage.get(sub.id, [])
+            )
             quote = tax_quote(invoice)
             if quote is None:
                 continue
