@@ -247,18 +247,26 @@ def usage_lines_for(closes: list[tuple[Subscription, list[SubscriptionItem]]]) -
     One line per metered item: its meter's quantity over the customer's events of :func:`usage_period`,
     priced by :func:`usage_amount`; one statement for all of ``closes``
     (:func:`billing.queries.aggregate_usage`). Subscriptions without metered items, or on their first
-    period, get no lines. Call it inside the transaction that writes the invoice.
+    period, get no lines, except a first period of metered items only: one line of no usage per item,
+    over that period (docs/decisions/0166). Call it inside the transaction that writes the invoice.
     """
     wanted, found = [], {}
+    lines: dict[str, list[InvoiceLineItem]] = {}
     for sub, items in closes:
         metered = [item for item in items if item.price.is_metered]
-        window = usage_period(sub) if metered else None
+        if not metered:
+            continue
+        window = usage_period(sub)
         if window is None:
+            if len(metered) == len(items):
+                # A first invoice of metered items only: a line of no usage for each (an invoice has lines).
+                price = sub.price
+                own = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
+                lines[sub.id] = [usage_line(item.price, item.id, 0, *own) for item in metered]
             continue
         found[sub.id] = (window, metered)
         wanted += [(item.id, sub.customer_id, item.price.meter_id, *window) for item in metered]
     quantities = aggregate_usage(wanted)
-    lines: dict[str, list[InvoiceLineItem]] = {}
     for sub_id, ((start, end), metered) in found.items():
         lines[sub_id] = [usage_line(item.price, item.id, quantities.get(item.id, 0), start, end) for item in metered]
     return lines

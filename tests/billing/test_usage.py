@@ -502,3 +502,100 @@ def test_meters_events_and_summaries_through_the_api(acme, book):
     )
     assert [s["aggregated_value"] for s in by_day["data"]] == [10]
     assert by_day["data"][0]["start_time"] == now.replace(hour=0, minute=0, second=0).isoformat().replace("+00:00", "Z")
+
+
+# -- both close paths write the same usage lines --------------------------------------------------------------
+
+
+def _usage_book(book, tenant, now, settings):
+    """Six subscriptions of one tenant: mixed graduated, metered-only volume, package + licensed, a first period
+    of metered items only, one still inside its grace, and one whose customer has a pending invoice item."""
+    from billing.services.invoice_items import create_invoice_item
+
+    meter = _meter(tenant)
+    graduated = _metered_price(tenant, meter, billing_scheme="tiered", tiers_mode="graduated", tiers=GRADUATED)
+    volume = _metered_price(
+        tenant,
+        meter,
+        billing_scheme="tiered",
+        tiers_mode="volume",
+        tiers=[{"up_to": 100, "unit_amount": 10}, {"up_to": "inf", "unit_amount": 4, "flat_amount": 50}],
+    )
+    package = _metered_price(tenant, meter, amount=250, transform_quantity={"divide_by": 1000, "round": "up"})
+    licensed = book.price(tenant, amount=1000)
+    due = now - timedelta(hours=2)
+    plans = [
+        ([licensed, graduated], due, 1, 1500),
+        ([volume], due, 1, 100),
+        ([licensed, package], due, 1, 2001),
+        ([volume], now - timedelta(hours=1), 0, 0),
+        ([licensed, graduated], now - timedelta(minutes=30), 1, 7),
+        ([licensed, volume], due, 1, 101),
+    ]
+    subs, events = [], []
+    for n, (prices, next_at, periods_billed, used) in enumerate(plans):
+        customer = book.customer(tenant)
+        anchor = _month_before(next_at) if periods_billed else next_at
+        sub = book.subscription(customer, prices[0], anchor=anchor)
+        for price in prices[1:]:
+            SubscriptionItem.objects.create(tenant=tenant, livemode=False, subscription=sub, price=price)
+        Subscription.objects.filter(pk=sub.pk).update(periods_billed=periods_billed, next_billing_at=next_at)
+        if used:
+            events.append(_event(customer, used, anchor + DAY, f"book-{n}"))
+        if n == 5:
+            create_invoice_item(
+                tenant_id=tenant.id, livemode=False, customer_id=customer.id, amount=300, currency="usd"
+            )
+        subs.append(sub)
+    settings.HARDCOUNT_USAGE_GRACE_S = 40 * 86400
+    assert {r.status for r in _ingest(tenant, events)} == {"accepted"}
+    settings.HARDCOUNT_USAGE_GRACE_S = 3600
+    return subs
+
+
+def _billed(subs):
+    out = []
+    for n, sub in enumerate(subs):
+        for invoice in Invoice.objects.filter(subscription=sub).order_by("period_start"):
+            lines = [
+                (line.description, line.quantity, line.amount, line.period_start, line.period_end)
+                if line.invoice_item_id is None
+                else ("pending item", line.quantity, line.amount)  # dated when each book created it
+                for line in invoice.lines.all()
+            ]
+            out.append((n, invoice.period_start, invoice.status, invoice.subtotal, invoice.amount_paid, lines))
+    return out
+
+
+def test_the_page_close_and_the_per_close_path_bill_the_same_usage(book, settings, monkeypatch):
+    from billing.services import page
+
+    now = database_now().replace(microsecond=0)
+    page_tenant, per_close_tenant = book.tenant("page"), book.tenant("per close")
+    page_subs = _usage_book(book, page_tenant, now, settings)
+    per_close_subs = _usage_book(book, per_close_tenant, now, settings)
+
+    paged, aggregate = [], page.usage_lines_for
+    monkeypatch.setattr(
+        page, "usage_lines_for", lambda closes: paged.append([s.id for s, _ in closes]) or aggregate(closes)
+    )
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = True
+    drain_due(livemode=False, trigger="manual", tenant_id=page_tenant.id)
+    # The page's plain closes (0, 1, 2, and 3, which then needs no charge) were aggregated by one statement.
+    assert paged[0] == sorted(page_subs[n].id for n in (0, 1, 2, 3))
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = False
+    drain_due(livemode=False, trigger="manual", tenant_id=per_close_tenant.id)
+
+    got, expected = _billed(page_subs), _billed(per_close_subs)
+    assert got == expected
+    totals = {n: subtotal for n, _, _, subtotal, _, _ in got}
+    assert totals == {
+        0: 1000 + 6200,  # licensed + graduated 1,500
+        1: 100 * 10,  # volume, exactly at up_to
+        2: 1000 + 3 * 250,  # licensed + 3 packages for 2,001
+        3: 0,  # a first period of metered items only: one empty line
+        5: 1000 + 101 * 4 + 50 + 300,  # licensed + volume 101 + the pending item
+    }
+    assert 4 not in {n for n, *_ in got}  # inside its grace: not billed yet
+    first_only = next(lines for n, *_, lines in got if n == 3)
+    assert [(q, amount) for _, q, amount, _, _ in first_only] == [(0, 0)]
