@@ -60,7 +60,7 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
-from billing.services.usage import usage_lines_for
+from billing.services.usage import bill_final_usage_locked, usage_lines_for
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.ids import PREFIXES, new_id
@@ -263,6 +263,7 @@ def _prepare(
                 ]
             )
         if sub.cancel_at_period_end:
+            bill_final_usage_locked(sub, now, finalize=finalize_or_pend_locked)
             return cancel_at_period_end_locked(sub, run, now)
         if sub.scheduled_items and apply_scheduled_locked(sub, now):
             sub = Subscription.objects.select_related("price").get(pk=subscription_id)

@@ -19,8 +19,10 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from billing.events import invoice_event
 from billing.models import (
     Customer,
+    Invoice,
     InvoiceLineItem,
     Meter,
     MeterEvent,
@@ -30,7 +32,7 @@ from billing.models import (
     SubscriptionItem,
 )
 from billing.periods import period_bounds
-from billing.queries import INGEST_MARGIN_S, aggregate_usage, insert_meter_events
+from billing.queries import INGEST_MARGIN_S, aggregate_usage, insert_meter_events, materialise_invoice
 from hardcount.errors import InvalidRequestError, business_rule_codes
 from hardcount.ids import new_id
 from hardcount.times import database_now, iso
@@ -289,6 +291,52 @@ def usage_line(price: Price, item_id: str, quantity: int, start: datetime, end: 
 
 def _day(at: datetime) -> str:
     return f"{at:%b} {at.day}, {at.year}"
+
+
+def bill_final_usage_locked(sub: Subscription, now: datetime, *, finalize) -> Invoice | None:
+    """A subscription canceled at its period's end (locked, in the close that cancels it): its final invoice,
+    of the usage of the period that just ended, created and finalised; None when there is nothing to bill.
+
+    Stripe bills a canceled subscription's last usage on a final invoice. This one has
+    ``billing_reason=subscription_update`` and the period of the usage, and the UNIQUE ``change_key``
+    ``final_usage:<subscription>:<period start>``, so a re-run of the close makes none a second time; it
+    is charged by the reconciler's pass over open ``subscription_update`` invoices without an attempt
+    (docs/decisions/0167). ``finalize`` is :func:`billing.services.close.finalize_or_pend_locked`
+    (passed in: the close imports this module). No usage (an amount of 0) makes no invoice.
+    """
+    items = list(SubscriptionItem.objects.filter(subscription=sub).select_related("price").order_by("created_at", "id"))
+    window = usage_period(sub)
+    lines = usage_lines_for([(sub, items)]).get(sub.id, [])
+    amount = sum(line.amount for line in lines)
+    if window is None or amount == 0:
+        return None
+    invoice = Invoice(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        subscription_id=sub.id,
+        status=Invoice.DRAFT,
+        billing_reason=Invoice.UPDATE,
+        change_key=f"final_usage:{sub.id}:{window[0].isoformat()}",
+        currency=sub.price.currency,
+        period_start=window[0],
+        period_end=window[1],
+        subtotal=amount,
+        total=amount,
+        amount_due=amount,
+        created_at=now,
+    )
+    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
+    if not materialise_invoice(row):
+        return None
+    invoice._state.adding = False
+    invoice._state.db = connection.alias
+    for line in lines:
+        line.invoice_id = invoice.id
+    InvoiceLineItem.objects.bulk_create(lines)
+    invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
+    finalize(invoice, now=now, lines=lines)
+    return invoice
 
 
 # -- Meter events -----------------------------------------------------------------------------

@@ -135,7 +135,8 @@ WHERE i.billing_reason = 'subscription_cycle'
 -- Every invoice has line items; each line of a subscription item bills the invoice's period, and a price line that
 -- is not a proration is quantity × the price's amount (a pending invoice item's line keeps the item's own period).
 -- A metered price's line bills the usage of the period that ended where the invoice's begins (in arrears), or is
--- the empty line of a first invoice of metered items only; its amount follows the price's tiers or package.
+-- the empty line of a first invoice of metered items only, or the usage of a final invoice (over its own period);
+-- its amount follows the price's tiers or package.
 SELECT i.id AS ref, 'has no line items' AS detail
 FROM billing_invoice i
 WHERE NOT EXISTS (SELECT 1 FROM billing_invoicelineitem l WHERE l.invoice_id = i.id)
@@ -152,7 +153,8 @@ SELECT l.invoice_id, 'usage line ' || l.id || ' ends ' || l.period_end || ' but 
 FROM billing_invoicelineitem l JOIN billing_invoice i ON i.id = l.invoice_id
 JOIN billing_price p ON p.id = l.price_id
 WHERE l.invoice_item_id IS NULL AND p.usage_type = 'metered' AND l.period_end <> i.period_start
-  AND NOT (l.amount = 0 AND l.quantity = 0 AND l.period_start = i.period_start AND l.period_end = i.period_end)
+  AND NOT (l.period_start = i.period_start AND l.period_end = i.period_end
+           AND ((l.amount = 0 AND l.quantity = 0) OR i.billing_reason = 'subscription_update'))
 UNION ALL
 SELECT l.invoice_id, 'line ' || l.id || ' amount ' || l.amount || ' is not ' || l.quantity || ' × '
        || p.amount

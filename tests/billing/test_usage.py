@@ -12,7 +12,7 @@ from django.db import connection, connections, transaction
 from billing.models import Invoice, MeterEvent, Price, Subscription, SubscriptionItem
 from billing.queries import aggregate_usage
 from billing.services import usage
-from billing.services.catalog import create_price, create_subscription
+from billing.services.catalog import cancel_subscription, create_price, create_subscription
 from billing.services.close import close_subscription_period
 from billing.services.drain import drain_due
 from hardcount.times import database_now
@@ -599,3 +599,54 @@ def test_the_page_close_and_the_per_close_path_bill_the_same_usage(book, setting
     assert 4 not in {n for n, *_ in got}  # inside its grace: not billed yet
     first_only = next(lines for n, *_, lines in got if n == 3)
     assert [(q, amount) for _, q, amount, _, _ in first_only] == [(0, 0)]
+
+
+def test_the_upcoming_invoice_shows_the_usage_of_the_period_under_way_so_far(book, acme):
+    now = database_now()
+    anchor = _month_before(now + 10 * DAY)  # the period under way began 20-odd days ago, ends in 10 days
+    customer, sub, metered = _mixed_subscription(book, acme.tenant, anchor=anchor)
+    Subscription.objects.filter(pk=sub.pk).update(periods_billed=1, next_billing_at=now + 10 * DAY)
+    _ingest(acme.tenant, [_event(customer, 600, None), _event(customer, 50, now - timedelta(minutes=5))])
+
+    status, upcoming = Api(acme.test).get("/v1/invoices/upcoming", {"subscription": sub.id})
+    assert status == 200, upcoming
+    assert [(line["price"], line["quantity"], line["amount"]) for line in upcoming["lines"]] == [
+        (sub.price_id, 1, 2000),
+        (metered.id, 650, 100 * 10 + 550 * 5 + 200),
+    ]
+    assert upcoming["subtotal"] == 2000 + 3950
+    assert not Invoice.objects.filter(subscription=sub).exists()
+
+
+def test_a_cancel_at_period_end_bills_the_last_periods_usage_on_a_final_invoice(book, page_close):
+    from billing.services.drain import reconcile
+
+    tenant = book.tenant()
+    t0 = datetime(2027, 1, 1, tzinfo=UTC)
+    clock = make_clock(tenant, t0)
+    customer = book.customer(tenant, clock=clock)
+    metered = _metered_price(tenant, _meter(tenant), amount=3)
+    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=1000, currency="usd", interval="month")
+    sub = create_subscription(
+        tenant_id=tenant.id,
+        livemode=False,
+        customer_id=customer.id,
+        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
+    )
+    advance(clock, t0 + timedelta(hours=1))
+    _ingest(tenant, [_event(customer, 40, None, "final-1")])
+    cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=sub.id, at_period_end=True)
+    feb = datetime(2027, 2, 1, tzinfo=UTC)
+    advance(clock, feb + timedelta(hours=2))
+    reconcile(livemode=False)  # charges the final invoice, as the billing tick does
+    reconcile(livemode=False)
+
+    sub = Subscription.objects.get(pk=sub.id)
+    assert (sub.status, sub.ended_at) == ("canceled", feb)
+    invoices = list(Invoice.objects.filter(subscription=sub).order_by("created_at"))
+    assert [(i.billing_reason, i.period_start, i.total, i.status) for i in invoices] == [
+        ("subscription_cycle", t0, 1000, "paid"),
+        ("subscription_update", t0, 40 * 3, "paid"),
+    ]
+    assert [(line.price_id, line.quantity, line.amount) for line in invoices[1].lines.all()] == [(metered.id, 40, 120)]
+    assert invoices[1].created_at == feb + timedelta(hours=1)  # after the grace, at the clock's time
