@@ -67,14 +67,20 @@ class CustomerCreate(StrictSerializer):
     test_clock = IdField("test_clock", required=False, help_text="Test mode only: a test clock id. " + _ID_HELP)
 
 
-@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "enum": ["inf"]}]})
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 10**15}, {"type": "string", "enum": ["inf"]}]}
+)
 class UpToField(serializers.Field):
-    """A tier's ``up_to``: a positive JSON integer, or ``"inf"`` (the last tier)."""
+    """A tier's ``up_to``: a positive JSON integer (at most 10¹⁵), or ``"inf"`` (the last tier)."""
+
+    default_error_messages = {
+        "not_integer": 'Must be a positive JSON integer or "inf" (no quotes, fractions or exponents).',
+    }
 
     def to_internal_value(self, data):
         if data == "inf" or (isinstance(data, int) and not isinstance(data, bool) and 1 <= data <= 10**15):
             return data
-        raise serializers.ValidationError('Must be a positive integer or "inf".')
+        self.fail("not_integer")
 
     def to_representation(self, value):
         return value
@@ -590,7 +596,9 @@ class Meter(serializers.Serializer):
     created = serializers.DateTimeField()
 
 
-@extend_schema_field({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "format": "date-time"}]})
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 253402300799}, {"type": "string", "format": "date-time"}]}
+)
 class EventTimestampField(serializers.Field):
     """A meter event's ``timestamp``: unix seconds or ISO 8601 (checked by the service)."""
 
@@ -598,9 +606,33 @@ class EventTimestampField(serializers.Field):
         return data
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": 50,
+        "propertyNames": {"maxLength": 100},
+        "additionalProperties": {"oneOf": [{"type": "string", "maxLength": 500}, {"type": "integer"}]},
+    }
+)
+class PayloadField(serializers.DictField):
+    """A meter event's ``payload``: up to 50 keys (100 characters at most), each a string (500 at most) or integer."""
+
+    default_error_messages = {"payload": "Up to 50 keys of at most 100 characters; values strings (≤ 500) or integers."}
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        if len(data) > 50 or not all(
+            len(k) <= 100
+            and ((isinstance(v, str) and len(v) <= 500) or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in data.items()
+        ):
+            self.fail("payload")
+        return data
+
+
 class MeterEventCreate(StrictSerializer):
     event_name = StrictCharField(max_length=100)
-    payload = serializers.DictField(
+    payload = PayloadField(
         help_text="The meter's customer key (default `stripe_customer_id`) and value key (default `value`), "
         "string or integer values.",
     )
@@ -619,11 +651,12 @@ class MeterEventCreate(StrictSerializer):
     }
 )
 class EventListField(serializers.ListField):
-    """The batch's events, each checked on its own by the service (a bad one is refused, the rest go on)."""
+    """The batch's events: JSON objects, each checked on its own by the service (a bad one is refused, the
+    rest go on)."""
 
 
 class MeterEventBatchCreate(StrictSerializer):
-    events = EventListField(child=serializers.JSONField(), min_length=1, max_length=1000)
+    events = EventListField(child=serializers.DictField(), min_length=1, max_length=1000)
 
 
 class MeterEvent(serializers.Serializer):

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 
-from billing import queries
 from billing import serializers as s
 from billing.models import Customer, Meter
 from billing.representations import meter_data
 from billing.services import usage
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError, business_rule_codes
-from hardcount.times import iso
 
 SUMMARY_CODES = business_rule_codes("time_range_invalid")
 
@@ -86,24 +84,7 @@ class MeterEventSummaryView(ApiView):
         end = datetime.fromtimestamp(query["end_time"], tz=UTC)
         if end <= start:
             raise InvalidRequestError("end_time must be after start_time.", code="time_range_invalid", param="end_time")
-        by_day = query["value_grouping_window"] == "day"
-        rows = queries.event_summaries(meter.id, customer.id, start, end, by_day=by_day)
-        if not by_day and not rows:
-            rows = [(None, 0)]
-        data = []
-        for day, value in rows:
-            day_start = max(day, start) if day else start
-            day_end = min(day + timedelta(days=1), end) if day else end
-            data.append(
-                {
-                    "object": "billing.meter_event_summary",
-                    "meter": meter.id,
-                    "customer": customer.id,
-                    "aggregated_value": value,
-                    "start_time": iso(day_start),
-                    "end_time": iso(day_end),
-                }
-            )
+        data = usage.event_summaries(meter, customer.id, start, end, by_day=query["value_grouping_window"] == "day")
         return Response({"object": "list", "data": data, "has_more": False})
 
 

@@ -16,9 +16,11 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from dateutil.parser import isoparse
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from billing import queries
 from billing.events import invoice_event
 from billing.models import (
     Customer,
@@ -48,6 +50,7 @@ BUSINESS_RULE_CODES = business_rule_codes(
     "value_missing",
     "timestamp_in_future",
     "timestamp_too_old",
+    "timestamp_out_of_range",
 )
 
 # Stripe: a meter event may be at most 5 minutes in the future.
@@ -506,7 +509,9 @@ def _shape(index: int, raw) -> dict | EventResult:
     if raw.get("timestamp") is not None:
         timestamp = _timestamp(raw["timestamp"])
         if timestamp is None:
-            return refused("parameter_invalid", "timestamp must be unix seconds or ISO 8601 with a zone.", "timestamp")
+            # A string shaped like a date-time that names no representable instant (year 0, a leap second).
+            code = "timestamp_out_of_range" if isinstance(raw["timestamp"], str) else "parameter_invalid"
+            return refused(code, "timestamp must be unix seconds or ISO 8601 with a zone.", "timestamp")
     return {"event_name": name, "payload": payload, "timestamp": timestamp, "identifier": identifier}
 
 
@@ -521,8 +526,8 @@ def _timestamp(value) -> datetime | None:
         return datetime.fromtimestamp(value, tz=UTC)
     if isinstance(value, str):
         try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
+            parsed = isoparse(value)
+        except (ValueError, OverflowError):
             return None
         return parsed.astimezone(UTC) if parsed.tzinfo else None
     return None
@@ -560,6 +565,25 @@ def meter_event_data(row: dict, livemode: bool) -> dict:
         "timestamp": iso(row["timestamp"]),
         "created": iso(row["created_at"]),
     }
+
+
+def event_summaries(meter: Meter, customer_id: str, start: datetime, end: datetime, *, by_day: bool) -> list[dict]:
+    """Stripe's ``billing.meter_event_summary`` objects of a customer's usage of ``meter`` in ``[start, end)``: one
+    for the whole range, or (``by_day``) one per UTC day with events, each clipped to the range."""
+    rows = queries.event_summaries(meter.id, customer_id, start, end, by_day=by_day)
+    if not by_day and not rows:
+        rows = [(None, 0)]
+    return [
+        {
+            "object": "billing.meter_event_summary",
+            "meter": meter.id,
+            "customer": customer_id,
+            "aggregated_value": value,
+            "start_time": iso(max(day, start) if day else start),
+            "end_time": iso(min(day + timedelta(days=1), end) if day else end),
+        }
+        for day, value in rows
+    ]
 
 
 def stored_event(*, tenant_id: str, livemode: bool, identifier: str) -> dict | None:

@@ -480,13 +480,19 @@ def test_meters_events_and_summaries_through_the_api(acme, book):
             "events": [
                 {**body, "identifier": "req-3", "payload": {"stripe_customer_id": customer.id, "value": 6}},
                 body,
-                "not an object",
+                {**body, "identifier": "req-4", "colour": "blue"},
             ]
         },
     )
     assert status == 200, batch
     assert (batch["accepted"], batch["duplicate"], batch["refused"]) == (1, 1, 1)
-    assert batch["data"][2]["error"]["code"] == "parameter_invalid"
+    assert batch["data"][2]["error"] == {
+        "code": "parameter_unknown",
+        "message": "Unknown parameter.",
+        "param": "colour",
+    }
+    status, error = api.post("/v1/billing/meter_events/batch", {"events": [body, "not an object"]})
+    assert (status, error["error"]["param"]) == (422, "events.1")  # the envelope's shape: nothing stored
     assert api.post("/v1/billing/meter_events/batch", {"events": []})[0] == 422
 
     params = {
