@@ -57,18 +57,12 @@ _USAGE_SETTLED = (
     " ON usage_p.id = usage_si.price_id WHERE usage_si.subscription_id = billing_subscription.id"
     " AND usage_p.usage_type = 'metered'))"
 )
-# How long a meter-event insert may run (``SET LOCAL statement_timeout``): a wall-clock close waits this
-# much longer than the grace, so every event accepted for a period has committed before its close reads
-# the usage (docs/decisions/0165).
-INGEST_MARGIN_S = 10
 
 
-def usage_close_delay_s(*, test_clock_id: str | None) -> int:
-    """Seconds after a period's end before the close that bills its usage: the grace
-    (``HARDCOUNT_USAGE_GRACE_S``), plus :data:`INGEST_MARGIN_S` on the wall clock (an advance of a test
-    clock is ordered after every event insert by the clock's row lock instead)."""
-    grace = settings.HARDCOUNT_USAGE_GRACE_S
-    return grace if test_clock_id else grace + INGEST_MARGIN_S
+def usage_close_delay_s(*, test_clock_id: str | None = None) -> int:
+    """Seconds after a period's end before the close that bills its usage: the grace (``HARDCOUNT_USAGE_GRACE_S``),
+    on the wall clock and on test clocks alike (``test_clock_id`` is accepted for the callers' symmetry)."""
+    return settings.HARDCOUNT_USAGE_GRACE_S
 
 
 def due_predicate(
@@ -287,6 +281,36 @@ def record_billing_failure(
 
 # -- Usage billing (docs/decisions/0164, 0165) ----------------------------------------------
 
+# The advisory lock key of meter-event inserts: each insert holds it shared until it commits; a close takes
+# and drops it exclusively before reading usage (:func:`usage_barrier`). 0x68637573 is "hcus".
+USAGE_INGEST_LOCK = 0x68637573
+
+
+def ingest_time_locked() -> datetime:
+    """USAGE_INGEST_LOCK (shared) then ``clock_timestamp()``: the time a meter-event insert validates against.
+
+    Read after the lock is held, not the transaction's start (``now()``): a close's barrier either waits
+    for this transaction's commit, or ran before this time, and then this time is past that close's
+    period end + grace, so the events it accepts belong to a later period (docs/decisions/0165).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(%s), clock_timestamp()", [USAGE_INGEST_LOCK])
+        return cursor.fetchone()[1]
+
+
+def usage_barrier() -> None:
+    """USAGE_BARRIER: wait until every meter-event insert in flight has committed or rolled back.
+
+    Takes USAGE_INGEST_LOCK exclusively and drops it at once (a session lock, so it does not last the
+    transaction): inserts that hold it shared finish first; new ones wait only for this moment. The
+    usage statement that follows (a new snapshot in READ COMMITTED) sees every event accepted before it.
+    Call it before locking any customer row: an insert's foreign-key check takes a key-share lock on its
+    customer while it holds the shared lock.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)", [USAGE_INGEST_LOCK, USAGE_INGEST_LOCK])
+
+
 INSERT_METER_EVENTS = """
     WITH input AS (
         SELECT * FROM unnest(
@@ -373,10 +397,11 @@ def aggregate_usage(wanted: list[tuple[str, str, str, datetime, datetime]]) -> d
     The quantity is the meter's formula over the customer's events of the meter's ``event_name`` with
     ``start <= timestamp < end``, computed by PostgreSQL's ``GROUP BY`` on the usage index (no event is
     loaded into Python); 0 when there are none. Run inside the close's transaction, so the invoice and
-    its usage lines commit together or not at all.
+    its usage lines commit together or not at all; :func:`usage_barrier` runs first.
     """
     if not wanted:
         return {}
+    usage_barrier()
     columns = list(zip(*wanted, strict=True))
     with connection.cursor() as cursor:
         cursor.execute(AGGREGATE_USAGE, [list(c) for c in columns])

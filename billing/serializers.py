@@ -133,8 +133,12 @@ class PriceCreate(StrictSerializer):
         help_text="`per_unit`: `amount` per unit (after `transform_quantity`); `tiered`: the `tiers` (amount 0).",
     )
     tiers_mode = StrictChoiceField(choices=["graduated", "volume"], required=False, help_text="With `tiered`.")
-    tiers = TierIn(
-        many=True, required=False, max_length=25, help_text="With `tiered`: ascending `up_to`, the last `inf`."
+    tiers = serializers.ListField(
+        child=TierIn(),
+        required=False,
+        min_length=1,
+        max_length=25,
+        help_text="With `tiered`: ascending `up_to`, the last `inf`.",
     )
     transform_quantity = TransformQuantityIn(required=False)
 

@@ -34,10 +34,10 @@ from billing.models import (
     SubscriptionItem,
 )
 from billing.periods import period_bounds
-from billing.queries import INGEST_MARGIN_S, aggregate_usage, insert_meter_events, materialise_invoice
+from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
 from hardcount.errors import InvalidRequestError, business_rule_codes
 from hardcount.ids import new_id
-from hardcount.times import database_now, iso
+from hardcount.times import iso
 
 BUSINESS_RULE_CODES = business_rule_codes(
     "meter_event_name_taken",
@@ -376,16 +376,14 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
     not an integer 0..10⁹ (for ``sum``/``max``/``last`` meters; the counted property for
     ``unique_count``), or a timestamp more than 5 minutes ahead of, or more than the grace
     (``HARDCOUNT_USAGE_GRACE_S``) behind, the customer's billing time (its test clock's time, else the
-    DB's now()). ``timestamp``: unix seconds or ISO 8601, default the billing time; ``identifier``
-    defaults to a fresh one. The accepted events are inserted by one statement
+    DB's clock once the insert holds the usage lock, :func:`billing.queries.ingest_time_locked`).
+    ``timestamp``: unix seconds or ISO 8601, default the billing time; ``identifier`` defaults to a fresh
+    one. The accepted events are inserted by one statement
     (:func:`billing.queries.insert_meter_events`); an identifier stored before is a ``duplicate``.
     """
     results: list[EventResult] = []
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            # docs/decisions/0165: the close of a wall-clock period waits this margin past the grace.
-            cursor.execute(f"SET LOCAL statement_timeout = {INGEST_MARGIN_S * 1000}")
-        now = database_now()
+        now = ingest_time_locked()
         shaped = [_shape(index, raw) for index, raw in enumerate(events)]
         names = {s["event_name"] for s in shaped if isinstance(s, dict)}
         meters = {
