@@ -32,6 +32,7 @@ EVENT_TYPES = (
     "customer.updated",
     "customer.credit_granted",
     "price.created",
+    "billing.meter.created",
     "invoice.created",
     "invoice.finalized",
     "invoice.paid",

@@ -35,9 +35,11 @@ from billing.models import (
 )
 from billing.periods import period_bounds
 from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
+from billing.representations import meter_data
 from hardcount.errors import InvalidRequestError, business_rule_codes
 from hardcount.ids import new_id
 from hardcount.times import iso
+from outbox.services import emit_for
 
 BUSINESS_RULE_CODES = business_rule_codes(
     "meter_event_name_taken",
@@ -77,13 +79,14 @@ def create_meter(
     customer_key: str = "stripe_customer_id",
     value_key: str = "value",
 ) -> Meter:
-    """Create a meter (Stripe's ``POST /v1/billing/meters``); one per ``event_name`` in the tenant and mode.
+    """Create a meter (Stripe's ``POST /v1/billing/meters``) and emit ``billing.meter.created``; one per
+    ``event_name`` in the tenant and mode.
 
     Raises :class:`InvalidRequestError` ``meter_event_name_taken`` when another meter has the event name.
     """
     try:
         with transaction.atomic():
-            return Meter.objects.create(
+            meter = Meter.objects.create(
                 tenant_id=tenant_id,
                 livemode=livemode,
                 display_name=display_name,
@@ -92,6 +95,8 @@ def create_meter(
                 customer_key=customer_key,
                 value_key=value_key,
             )
+            emit_for(meter, "billing.meter.created", meter_data(meter))
+            return meter
     except IntegrityError as exc:
         raise InvalidRequestError(
             f"A meter for event_name '{event_name}' exists already.", code="meter_event_name_taken", param="event_name"

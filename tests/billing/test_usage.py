@@ -17,6 +17,7 @@ from billing.services.close import close_subscription_period
 from billing.services.drain import drain_due
 from hardcount.times import database_now
 from tests.api.conftest import Api, make_keys
+from tests.billing.conftest import events
 from tests.clocks.helpers import advance, make_clock
 
 DAY = timedelta(days=1)
@@ -422,6 +423,7 @@ def test_meters_events_and_summaries_through_the_api(acme, book):
     assert status == 201, meter
     assert (meter["object"], meter["customer_mapping"]["event_payload_key"]) == ("billing.meter", "stripe_customer_id")
     assert api.get(f"/v1/billing/meters/{meter['id']}") == (200, meter)
+    assert [e.data for e in events("billing.meter.created", tenant_id=acme.tenant.id)] == [meter]
     assert api.get("/v1/billing/meters")[1]["data"] == [meter]
     status, error = api.post(
         "/v1/billing/meters",
