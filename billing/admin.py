@@ -32,6 +32,7 @@ from billing.models import (
     InvoiceItem,
     InvoiceLineItem,
     LedgerEntry,
+    Meter,
     PaymentAttempt,
     Price,
     StripeEvent,
@@ -105,7 +106,11 @@ def invoice_label(invoice: Invoice) -> str:
 
 
 def _plan(price: Price) -> str:
-    return price_label(price.amount, price.currency, price.interval, price.interval_count)
+    label = price_label(price.amount, price.currency, price.interval, price.interval_count)
+    if not price.is_metered:
+        return label
+    how = f"tiered ({price.tiers_mode})" if price.billing_scheme == Price.TIERED else f"{label} per unit"
+    return f"metered, in arrears: {how}, meter {price.meter_id}"
 
 
 # The gateway's words for "I do not know this object" (Stripe's and localstripe's spellings).
@@ -195,6 +200,19 @@ class PriceAdmin(ScopeColumns, ReadOnlyAdmin):
     @admin.display(description="price")
     def price(self, price: Price) -> str:
         return _plan(price)
+
+
+@admin.register(Meter)
+class MeterAdmin(ScopeColumns, ReadOnlyAdmin):
+    """Meters, read-only: the event name each counts and how (docs/reference/usage-billing.md)."""
+
+    list_display = ("id", "display_name", "event_name", "formula", "customer_key", "value_key", "scope")
+    list_filter = (*SCOPE_FILTERS, "formula")
+    list_select_related = ("tenant",)
+    search_fields = ("id__exact", "event_name__exact")
+
+    def object_label(self, meter: Meter) -> str:
+        return f"Meter “{meter.display_name}” · {meter.formula} of {meter.event_name} ({meter.id})"
 
 
 # --- subscriptions --------------------------------------------------------------------------------------------------

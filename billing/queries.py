@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
@@ -46,6 +47,24 @@ _PERIOD_PAUSED = (
 )
 
 
+# A subscription billing usage (an item of a metered price) closes a period only once the usage of the
+# period that ended can no longer grow: its grace has passed (docs/decisions/0165). Its first period bills
+# no usage and is not delayed. ``%s`` are ``as_of`` and the delay in seconds.
+_USAGE_SETTLED = (
+    "(billing_subscription.periods_billed = 0"
+    " OR billing_subscription.next_billing_at <= COALESCE(%s::timestamptz, now()) - make_interval(secs => %s)"
+    " OR NOT EXISTS (SELECT 1 FROM billing_subscriptionitem usage_si JOIN billing_price usage_p"
+    " ON usage_p.id = usage_si.price_id WHERE usage_si.subscription_id = billing_subscription.id"
+    " AND usage_p.usage_type = 'metered'))"
+)
+
+
+def usage_close_delay_s(*, test_clock_id: str | None = None) -> int:
+    """Seconds after a period's end before the close that bills its usage: the grace (``HARDCOUNT_USAGE_GRACE_S``),
+    on the wall clock and on test clocks alike (``test_clock_id`` is accepted for the callers' symmetry)."""
+    return settings.HARDCOUNT_USAGE_GRACE_S
+
+
 def due_predicate(
     *, test_clock_id: str | None, as_of: datetime | None, failing_too: bool = False, paused: bool = False
 ) -> tuple[str, list[object]]:
@@ -55,7 +74,8 @@ def due_predicate(
     ``next_billing_at <= as_of`` (``now()`` when None), not waiting (``next_billing_attempt_at``
     unset or passed), not parked, and on the clock ``test_clock_id`` (None: wall-clock
     subscriptions only, the ``test_clock_id IS NULL`` of the due-scan index), and collection not
-    paused for the due period (:data:`_PERIOD_PAUSED`; ``paused=True`` asks the opposite: the due
+    paused for the due period (:data:`_PERIOD_PAUSED`), and for a subscription billing usage, its grace
+    passed (:data:`_USAGE_SETTLED`; ``paused=True`` asks the opposite: the due
     periods whose collection is paused, which :mod:`billing.services.pausing` invoices without a
     charge). ``failing_too``
     leaves out the waiting and parked terms (an operator's retry-billing, which clears them).
@@ -67,9 +87,16 @@ def due_predicate(
         "billing_subscription.status = ANY(%s::text[])",
         clock,
         _DUE_BY,
+        _USAGE_SETTLED,
         _PERIOD_PAUSED if paused else f"NOT {_PERIOD_PAUSED}",
     ]
-    params: list[object] = [list(Subscription.BILLABLE_STATUSES), *([test_clock_id] if test_clock_id else []), as_of]
+    params: list[object] = [
+        list(Subscription.BILLABLE_STATUSES),
+        *([test_clock_id] if test_clock_id else []),
+        as_of,
+        as_of,
+        usage_close_delay_s(test_clock_id=test_clock_id),
+    ]
     if not failing_too:
         terms.append(_NOT_FAILING)
     return " AND ".join(terms), params
@@ -266,3 +293,157 @@ def record_billing_failure(
             },
         )
         return cursor.fetchone()
+
+
+# -- Usage billing (docs/decisions/0164, 0165) ----------------------------------------------
+
+# The advisory lock key of meter-event inserts: each insert holds it shared until it commits; a close takes
+# and drops it exclusively before reading usage (:func:`usage_barrier`). 0x68637573 is "hcus".
+USAGE_INGEST_LOCK = 0x68637573
+
+
+def ingest_time_locked() -> datetime:
+    """USAGE_INGEST_LOCK (shared) then ``clock_timestamp()``: the time a meter-event insert validates against.
+
+    Read after the lock is held, not the transaction's start (``now()``): a close's barrier either waits
+    for this transaction's commit, or ran before this time, and then this time is past that close's
+    period end + grace, so the events it accepts belong to a later period (docs/decisions/0165).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(%s), clock_timestamp()", [USAGE_INGEST_LOCK])
+        return cursor.fetchone()[1]
+
+
+def usage_barrier() -> None:
+    """USAGE_BARRIER: wait until every meter-event insert in flight has committed or rolled back.
+
+    Takes USAGE_INGEST_LOCK exclusively and drops it at once (a session lock, so it does not last the
+    transaction): inserts that hold it shared finish first; new ones wait only for this moment. The
+    usage statement that follows (a new snapshot in READ COMMITTED) sees every event accepted before it.
+    Call it before locking any customer row: an insert's foreign-key check takes a key-share lock on its
+    customer while it holds the shared lock.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)", [USAGE_INGEST_LOCK, USAGE_INGEST_LOCK])
+
+
+INSERT_METER_EVENTS = """
+    WITH input AS (
+        SELECT * FROM unnest(
+            %(ids)s::text[], %(identifiers)s::text[], %(event_names)s::text[], %(customers)s::text[],
+            %(values)s::bigint[], %(payloads)s::text[], %(timestamps)s::timestamptz[], %(created)s::timestamptz[]
+        ) AS i(id, identifier, event_name, customer_id, value, payload, ts, created_at)
+    ), admitted AS (
+        INSERT INTO billing_metereventidentifier
+            (tenant_id, livemode, identifier, event_id, event_timestamp, created_at)
+        SELECT %(tenant)s, %(livemode)s, identifier, id, ts, created_at FROM input
+        ON CONFLICT DO NOTHING
+        RETURNING event_id
+    ), inserted AS (
+        INSERT INTO billing_meterevent
+            (id, tenant_id, livemode, event_name, customer_id, identifier, value, payload, timestamp, created_at)
+        SELECT i.id, %(tenant)s, %(livemode)s, i.event_name, i.customer_id, i.identifier, i.value, i.payload::jsonb,
+               i.ts, i.created_at
+        FROM input i JOIN admitted a ON a.event_id = i.id
+        RETURNING identifier
+    )
+    SELECT identifier FROM inserted
+"""
+
+
+def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict]) -> set[str]:
+    """INSERT_METER_EVENTS: insert a batch of meter events in one statement; the identifiers inserted.
+
+    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (JSON
+    text), "timestamp", "created_at"}``, identifiers distinct within the batch. Each event is admitted by
+    its identifier's row (``INSERT … ON CONFLICT DO NOTHING`` on the primary key (tenant, livemode,
+    identifier)): an identifier seen before, by this batch's retry or by a concurrent batch on another
+    connection (which the insert waits for), admits nothing, so no event is ever stored twice. The
+    arrays are bound parameters: one statement whatever the batch's size.
+    """
+    if not rows:
+        return set()
+    params = {
+        "tenant": tenant_id,
+        "livemode": livemode,
+        "ids": [r["id"] for r in rows],
+        "identifiers": [r["identifier"] for r in rows],
+        "event_names": [r["event_name"] for r in rows],
+        "customers": [r["customer_id"] for r in rows],
+        "values": [r["value"] for r in rows],
+        "payloads": [r["payload"] for r in rows],
+        "timestamps": [r["timestamp"] for r in rows],
+        "created": [r["created_at"] for r in rows],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_METER_EVENTS, params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+# One meter's aggregate over the events joined as ``e`` (``m`` the meter): the formula's value, 0 for none.
+_AGGREGATE = """
+    CASE m.formula
+        WHEN 'sum' THEN COALESCE(SUM(e.value), 0)
+        WHEN 'count' THEN COUNT(e.id)
+        WHEN 'max' THEN COALESCE(MAX(e.value), 0)
+        WHEN 'last' THEN COALESCE((array_agg(e.value ORDER BY e.timestamp DESC, e.id DESC)
+                                   FILTER (WHERE e.id IS NOT NULL))[1], 0)
+        WHEN 'unique_count' THEN COUNT(DISTINCT e.payload ->> m.value_key)
+    END
+"""
+
+AGGREGATE_USAGE = f"""
+    WITH wanted AS (
+        SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[])
+            AS w(key, customer_id, meter_id, start_at, end_at)
+    )
+    SELECT w.key, {_AGGREGATE}
+    FROM wanted w
+    JOIN billing_meter m ON m.id = w.meter_id
+    LEFT JOIN billing_meterevent e
+        ON e.tenant_id = m.tenant_id AND e.livemode = m.livemode AND e.customer_id = w.customer_id
+       AND e.event_name = m.event_name AND e.timestamp >= w.start_at AND e.timestamp < w.end_at
+    GROUP BY w.key, m.formula
+"""
+
+
+def aggregate_usage(wanted: list[tuple[str, str, str, datetime, datetime]]) -> dict[str, int]:
+    """AGGREGATE_USAGE: each ``(key, customer id, meter id, start, end)``'s quantity, in one statement.
+
+    The quantity is the meter's formula over the customer's events of the meter's ``event_name`` with
+    ``start <= timestamp < end``, computed by PostgreSQL's ``GROUP BY`` on the usage index (no event is
+    loaded into Python); 0 when there are none. Run inside the close's transaction, so the invoice and
+    its usage lines commit together or not at all; :func:`usage_barrier` runs first.
+    """
+    if not wanted:
+        return {}
+    usage_barrier()
+    columns = list(zip(*wanted, strict=True))
+    with connection.cursor() as cursor:
+        cursor.execute(AGGREGATE_USAGE, [list(c) for c in columns])
+        return {row[0]: int(row[1]) for row in cursor.fetchall()}
+
+
+EVENT_SUMMARIES = f"""
+    SELECT CASE WHEN %s THEN date_trunc('day', e.timestamp AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' END AS bucket,
+           {_AGGREGATE}
+    FROM billing_meter m
+    JOIN billing_meterevent e
+        ON e.tenant_id = m.tenant_id AND e.livemode = m.livemode AND e.customer_id = %s
+       AND e.event_name = m.event_name AND e.timestamp >= %s AND e.timestamp < %s
+    WHERE m.id = %s
+    GROUP BY bucket, m.formula
+    ORDER BY bucket NULLS FIRST
+"""
+
+
+def event_summaries(
+    meter_id: str, customer_id: str, start: datetime, end: datetime, *, by_day: bool
+) -> list[tuple[datetime | None, int]]:
+    """EVENT_SUMMARIES: the meter's aggregate of a customer's events in ``[start, end)``: ``[(day or None, value)]``.
+
+    ``by_day`` groups by UTC day (Stripe's ``value_grouping_window=day``); days without events are absent.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(EVENT_SUMMARIES, [by_day, customer_id, start, end, meter_id])
+        return [(row[0], int(row[1])) for row in cursor.fetchall()]

@@ -44,6 +44,18 @@ def price_data(p) -> dict[str, Any]:
         "interval_count": p.interval_count,
         "active": p.active,
         "created": iso(p.created_at),
+        "recurring": {
+            "interval": p.interval,
+            "interval_count": p.interval_count,
+            "usage_type": p.usage_type,
+            "meter": p.meter_id,
+        },
+        "billing_scheme": p.billing_scheme,
+        "tiers_mode": p.tiers_mode or None,
+        "tiers": None if p.tiers is None else [{**t, "up_to": t["up_to"] or "inf"} for t in p.tiers],
+        "transform_quantity": (
+            {"divide_by": p.transform_divide_by, "round": p.transform_round} if p.transform_divide_by else None
+        ),
     }
 
 
@@ -416,4 +428,20 @@ def credit_note_data(note, lines=None) -> dict[str, Any]:
         "customer_balance_transaction": note.credit_entry_id,
         "created": iso(note.created_at),
         "voided_at": iso(note.voided_at),
+    }
+
+
+def meter_data(m) -> dict[str, Any]:
+    """A meter, as Stripe's ``billing.meter``."""
+    return {
+        "id": m.id,
+        "object": "billing.meter",
+        "livemode": m.livemode,
+        "display_name": m.display_name,
+        "event_name": m.event_name,
+        "status": m.status,
+        "default_aggregation": {"formula": m.formula},
+        "customer_mapping": {"event_payload_key": m.customer_key, "type": "by_id"},
+        "value_settings": {"event_payload_key": m.value_key},
+        "created": iso(m.created_at),
     }

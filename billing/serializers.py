@@ -18,6 +18,7 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 
 from billing.models.discounts import CouponDuration
+from billing.models.meters import Formula
 from billing.models.subscriptions import PauseBehavior, SubscriptionStatus
 from billing.periods import INTERVALS
 from billing.services.catalog import MAX_INTERVAL_COUNT, MAX_ITEMS, MAX_TRIAL_DAYS
@@ -140,6 +141,46 @@ class CustomerCreate(StrictSerializer):
     discounts = discounts_field()
 
 
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 10**15}, {"type": "string", "enum": ["inf"]}]}
+)
+class UpToField(serializers.Field):
+    """A tier's ``up_to``: a positive JSON integer (at most 10¹⁵), or ``"inf"`` (the last tier)."""
+
+    default_error_messages = {
+        "not_integer": 'Must be a positive JSON integer or "inf" (no quotes, fractions or exponents).',
+    }
+
+    def to_internal_value(self, data):
+        if data == "inf" or (isinstance(data, int) and not isinstance(data, bool) and 1 <= data <= 10**15):
+            return data
+        self.fail("not_integer")
+
+    def to_representation(self, value):
+        return value
+
+
+class RecurringIn(StrictSerializer):
+    usage_type = StrictChoiceField(
+        choices=["licensed", "metered"],
+        required=False,
+        default="licensed",
+        help_text="`metered`: billed in arrears from `meter`'s usage of the period that ended.",
+    )
+    meter = IdField("meter", required=False, help_text="With `metered`: the meter whose usage is billed. " + _ID_HELP)
+
+
+class TierIn(StrictSerializer):
+    up_to = UpToField()
+    unit_amount = StrictIntegerField(min_value=0, max_value=MAX_AMOUNT, required=False, default=0)
+    flat_amount = StrictIntegerField(min_value=0, max_value=MAX_AMOUNT, required=False, default=0)
+
+
+class TransformQuantityIn(StrictSerializer):
+    divide_by = StrictIntegerField(min_value=1, max_value=10**9, help_text="Units per package.")
+    round = StrictChoiceField(choices=["up", "down"])
+
+
 class PriceCreate(StrictSerializer):
     amount = StrictIntegerField(
         min_value=0,
@@ -158,6 +199,22 @@ class PriceCreate(StrictSerializer):
     )
     nickname = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     active = StrictBooleanField(required=False, default=True)
+    recurring = RecurringIn(required=False)
+    billing_scheme = StrictChoiceField(
+        choices=["per_unit", "tiered"],
+        required=False,
+        default="per_unit",
+        help_text="`per_unit`: `amount` per unit (after `transform_quantity`); `tiered`: the `tiers` (amount 0).",
+    )
+    tiers_mode = StrictChoiceField(choices=["graduated", "volume"], required=False, help_text="With `tiered`.")
+    tiers = serializers.ListField(
+        child=TierIn(),
+        required=False,
+        min_length=1,
+        max_length=25,
+        help_text="With `tiered`: ascending `up_to`, the last `inf`.",
+    )
+    transform_quantity = TransformQuantityIn(required=False)
 
 
 # Largest quantity of one subscription item (Stripe's own bound is larger; ours keeps every line in bigint range).
@@ -451,6 +508,24 @@ class Customer(serializers.Serializer):
     created = serializers.DateTimeField()
 
 
+class RecurringOut(serializers.Serializer):
+    interval = serializers.ChoiceField(choices=list(INTERVALS))
+    interval_count = serializers.IntegerField()
+    usage_type = serializers.ChoiceField(choices=["licensed", "metered"])
+    meter = serializers.CharField(allow_null=True)
+
+
+class TierOut(serializers.Serializer):
+    up_to = UpToField()
+    unit_amount = serializers.IntegerField()
+    flat_amount = serializers.IntegerField()
+
+
+class TransformQuantityOut(serializers.Serializer):
+    divide_by = serializers.IntegerField()
+    round = serializers.ChoiceField(choices=["up", "down"])
+
+
 class Price(serializers.Serializer):
     """A recurring price: `amount` minor units of `currency` every `interval_count` `interval`s."""
 
@@ -464,6 +539,11 @@ class Price(serializers.Serializer):
     interval_count = serializers.IntegerField()
     active = serializers.BooleanField()
     created = serializers.DateTimeField()
+    recurring = RecurringOut()
+    billing_scheme = serializers.ChoiceField(choices=["per_unit", "tiered"])
+    tiers_mode = serializers.ChoiceField(choices=["graduated", "volume"], allow_null=True)
+    tiers = TierOut(many=True, allow_null=True)
+    transform_quantity = TransformQuantityOut(allow_null=True)
 
 
 class PauseCollectionOut(serializers.Serializer):
@@ -618,3 +698,182 @@ class UpcomingInvoice(Invoice):
 
     id = serializers.CharField(allow_null=True)
     lines = UpcomingLineItem(many=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Usage billing: meters and meter events (docs/reference/usage-billing.md)
+
+
+class DefaultAggregationIn(StrictSerializer):
+    formula = StrictChoiceField(
+        choices=Formula.values,
+        help_text="`sum`, `max`, `last` of the values, `count` of the events, `unique_count` of the value key's "
+        "distinct values.",
+    )
+
+
+class CustomerMappingIn(StrictSerializer):
+    event_payload_key = StrictCharField(max_length=100, help_text="The payload key holding the customer id.")
+    type = StrictChoiceField(choices=["by_id"], required=False, default="by_id")
+
+
+class ValueSettingsIn(StrictSerializer):
+    event_payload_key = StrictCharField(max_length=100, help_text="The payload key holding the value.")
+
+
+class MeterCreate(StrictSerializer):
+    display_name = StrictCharField(max_length=250)
+    event_name = StrictCharField(
+        max_length=100,
+        validators=[RegexValidator(r"^[A-Za-z0-9_.:-]+$", "Letters, digits and _ . : - only.")],
+        help_text="The name the meter's events carry; one meter per name.",
+    )
+    default_aggregation = DefaultAggregationIn()
+    customer_mapping = CustomerMappingIn(required=False)
+    value_settings = ValueSettingsIn(required=False)
+
+
+class MeterListQuery(ListQuery):
+    starting_after = QueryIdField("meter", help_text=STARTING_AFTER_HELP)
+
+
+class DefaultAggregationOut(serializers.Serializer):
+    formula = serializers.ChoiceField(choices=Formula.values)
+
+
+class CustomerMappingOut(serializers.Serializer):
+    event_payload_key = serializers.CharField()
+    type = serializers.ChoiceField(choices=["by_id"])
+
+
+class ValueSettingsOut(serializers.Serializer):
+    event_payload_key = serializers.CharField()
+
+
+class Meter(serializers.Serializer):
+    """A meter: how a customer's events named `event_name` become one quantity per period."""
+
+    id = serializers.CharField()
+    object = object_field("billing.meter")
+    livemode = serializers.BooleanField()
+    display_name = serializers.CharField()
+    event_name = serializers.CharField()
+    status = serializers.ChoiceField(choices=["active"])
+    default_aggregation = DefaultAggregationOut()
+    customer_mapping = CustomerMappingOut()
+    value_settings = ValueSettingsOut()
+    created = serializers.DateTimeField()
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 253402300799}, {"type": "string", "format": "date-time"}]}
+)
+class EventTimestampField(serializers.Field):
+    """A meter event's ``timestamp``: unix seconds or ISO 8601 (checked by the service)."""
+
+    def to_internal_value(self, data):
+        return data
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "maxProperties": 50,
+        "propertyNames": {"maxLength": 100},
+        "additionalProperties": {"oneOf": [{"type": "string", "maxLength": 500}, {"type": "integer"}]},
+    }
+)
+class PayloadField(serializers.DictField):
+    """A meter event's ``payload``: up to 50 keys (100 characters at most), each a string (500 at most) or integer."""
+
+    default_error_messages = {"payload": "Up to 50 keys of at most 100 characters; values strings (≤ 500) or integers."}
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        if len(data) > 50 or not all(
+            len(k) <= 100
+            and ((isinstance(v, str) and len(v) <= 500) or (isinstance(v, int) and not isinstance(v, bool)))
+            for k, v in data.items()
+        ):
+            self.fail("payload")
+        return data
+
+
+class MeterEventCreate(StrictSerializer):
+    event_name = StrictCharField(max_length=100)
+    payload = PayloadField(
+        help_text="The meter's customer key (default `stripe_customer_id`) and value key (default `value`), "
+        "string or integer values.",
+    )
+    timestamp = EventTimestampField(required=False, help_text="Default: now (the customer's test clock's time).")
+    identifier = StrictCharField(
+        max_length=100, required=False, help_text="Unique per tenant and mode: a retry with it is not counted again."
+    )
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 1000,
+        "items": {"type": "object", "description": "A meter event, as the body of POST /v1/billing/meter_events."},
+    }
+)
+class EventListField(serializers.ListField):
+    """The batch's events: JSON objects, each checked on its own by the service (a bad one is refused, the
+    rest go on)."""
+
+
+class MeterEventBatchCreate(StrictSerializer):
+    events = EventListField(child=serializers.DictField(), min_length=1, max_length=1000)
+
+
+class MeterEvent(serializers.Serializer):
+    """A usage event, as Stripe's `billing.meter_event`."""
+
+    object = object_field("billing.meter_event")
+    event_name = serializers.CharField()
+    identifier = serializers.CharField()
+    livemode = serializers.BooleanField()
+    payload = serializers.DictField()
+    timestamp = serializers.DateTimeField()
+    created = serializers.DateTimeField()
+
+
+class MeterEventError(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    param = serializers.CharField()
+
+
+class MeterEventResult(serializers.Serializer):
+    index = serializers.IntegerField()
+    identifier = serializers.CharField(allow_null=True)
+    status = serializers.ChoiceField(choices=["accepted", "duplicate", "refused"])
+    error = MeterEventError(allow_null=True)
+
+
+class MeterEventBatch(serializers.Serializer):
+    """What became of each event of a batch, in order."""
+
+    object = object_field("billing.meter_event_batch")
+    accepted = serializers.IntegerField()
+    duplicate = serializers.IntegerField()
+    refused = serializers.IntegerField()
+    data = MeterEventResult(many=True)
+
+
+class EventSummaryQuery(StrictSerializer):
+    customer = QueryIdField("customer", required=True, help_text=_ID_HELP)
+    start_time = QueryUnixTimeField(min_value=0, max_value=253402300799, help_text="Unix seconds, inclusive.")
+    end_time = QueryUnixTimeField(min_value=0, max_value=253402300799, help_text="Unix seconds, exclusive.")
+    value_grouping_window = StrictChoiceField(choices=["day", "none"], required=False, default="none")
+
+
+class EventSummary(serializers.Serializer):
+    object = object_field("billing.meter_event_summary")
+    meter = serializers.CharField()
+    customer = serializers.CharField()
+    aggregated_value = serializers.IntegerField()
+    start_time = serializers.DateTimeField()
+    end_time = serializers.DateTimeField()

@@ -2,7 +2,18 @@
 
 from django.urls import path
 
-from billing.api import account, catalog, clocks, coupons, credit_notes, documents, gateway_accounts, payments, runs
+from billing.api import (
+    account,
+    catalog,
+    clocks,
+    coupons,
+    credit_notes,
+    documents,
+    gateway_accounts,
+    meters,
+    payments,
+    runs,
+)
 
 urlpatterns = [
     path("customers", catalog.CustomerListView.as_view(), name="customers"),
@@ -51,6 +62,14 @@ urlpatterns = [
     path("credit_notes/<str:id>/void", credit_notes.CreditNoteVoidView.as_view(), name="credit-note-void"),
     # The caller's own Stripe account (billing/api/gateway_accounts.py).
     path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
+    # Usage billing (billing/api/meters.py).
+    path("billing/meters", meters.MeterListView.as_view(), name="meters"),
+    path("billing/meters/<str:id>", meters.MeterDetailView.as_view(), name="meter"),
+    path(
+        "billing/meters/<str:id>/event_summaries", meters.MeterEventSummaryView.as_view(), name="meter-event-summaries"
+    ),
+    path("billing/meter_events", meters.MeterEventCreateView.as_view(), name="meter-events"),
+    path("billing/meter_events/batch", meters.MeterEventBatchView.as_view(), name="meter-events-batch"),
     # Test clocks (billing/api/clocks.py).
     path("test_clocks", clocks.TestClockListView.as_view(), name="test-clocks"),
     path("test_clocks/<str:id>", clocks.TestClockDetailView.as_view(), name="test-clock"),

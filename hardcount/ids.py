@@ -42,6 +42,8 @@ PREFIXES = {
     "credit_note": "cn",
     "credit_note_line_item": "cnli",
     "refund": "rfnd",
+    "meter": "mtr",
+    "meter_event": "mev",
 }
 
 

@@ -352,6 +352,9 @@ HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
 # The drain's page close (billing.services.page): a page's plain closes share their two transactions.
 # 0 closes every subscription on its own (the reference path; docs/decisions/0016).
 HARDCOUNT_BILLING_PAGE_CLOSE = os.environ.get("HARDCOUNT_BILLING_PAGE_CLOSE", "1") != "0"
+# Usage billing (docs/decisions/0165): a meter event may arrive this many seconds after its time; the
+# invoice that bills a period's usage waits as long after the period's end.
+HARDCOUNT_USAGE_GRACE_S = _env_int("HARDCOUNT_USAGE_GRACE_S", 3600)
 HARDCOUNT_TAX_PROVIDER = os.environ.get("HARDCOUNT_TAX_PROVIDER", "billing.tax.TableRateTaxProvider")
 
 # Test clocks: parallel closes of one clock's drain (docs/decisions/0080). Read by

@@ -36,6 +36,7 @@ EVENT_TYPES = (
     "coupon.created",
     "coupon.deleted",
     "price.created",
+    "billing.meter.created",
     "invoice.created",
     "invoice.finalized",
     "invoice.paid",

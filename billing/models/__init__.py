@@ -8,6 +8,7 @@ from billing.models.gateway_accounts import GatewayAccount
 from billing.models.invoices import Invoice, InvoiceCounter, InvoiceLineItem
 from billing.models.items import InvoiceItem, SubscriptionItem
 from billing.models.ledger import LedgerEntry
+from billing.models.meters import Meter, MeterEvent, MeterEventIdentifier
 from billing.models.payments import PaymentAttempt
 from billing.models.runs import BillingAttempt, BillingRun
 from billing.models.stripe_events import StripeEvent
@@ -28,6 +29,9 @@ __all__ = [
     "InvoiceItem",
     "InvoiceLineItem",
     "LedgerEntry",
+    "Meter",
+    "MeterEvent",
+    "MeterEventIdentifier",
     "PaymentAttempt",
     "Price",
     "Refund",

@@ -59,6 +59,9 @@ class Price(TenantScoped):
 
     DAY, WEEK, MONTH, YEAR = "day", "week", "month", "year"
     INTERVAL_CHOICES = [(DAY, DAY), (WEEK, WEEK), (MONTH, MONTH), (YEAR, YEAR)]
+    LICENSED, METERED = "licensed", "metered"
+    PER_UNIT, TIERED = "per_unit", "tiered"
+    GRADUATED, VOLUME = "graduated", "volume"
 
     id = id_field("price")
     nickname = models.CharField(max_length=200, blank=True, default="")
@@ -68,9 +71,30 @@ class Price(TenantScoped):
     interval_count = models.PositiveIntegerField(default=1)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Usage-based prices (Stripe's ``recurring.usage_type``, ``billing_scheme``, ``tiers``,
+    # ``transform_quantity``; docs/decisions/0166): a metered price bills its meter's quantity of the
+    # period that ended, in arrears; ``amount`` is then the per-unit amount (``per_unit``), 0 when tiered.
+    usage_type = models.CharField(max_length=8, default=LICENSED, choices=[(LICENSED, LICENSED), (METERED, METERED)])
+    meter = models.ForeignKey("billing.Meter", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    billing_scheme = models.CharField(max_length=8, default=PER_UNIT, choices=[(PER_UNIT, PER_UNIT), (TIERED, TIERED)])
+    tiers_mode = models.CharField(max_length=10, blank=True, default="")
+    # ``[{"up_to": int | None (the last, "inf"), "unit_amount": int, "flat_amount": int}]``, ascending.
+    tiers = models.JSONField(null=True, blank=True)
+    transform_divide_by = models.PositiveIntegerField(null=True, blank=True)
+    transform_round = models.CharField(max_length=4, blank=True, default="")
+
+    @property
+    def is_metered(self) -> bool:
+        """True for a usage-based price (billed in arrears from its meter)."""
+        return self.usage_type == self.METERED
 
     class Meta:
         constraints = [
+            models.CheckConstraint(
+                condition=models.Q(usage_type="licensed", meter__isnull=True)
+                | models.Q(usage_type="metered", meter__isnull=False),
+                name="price_metered_has_meter",
+            ),
             models.CheckConstraint(condition=models.Q(amount__gte=0), name="price_amount_nonnegative"),
             models.CheckConstraint(condition=models.Q(interval_count__gte=1), name="price_interval_count_positive"),
         ]

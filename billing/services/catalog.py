@@ -21,6 +21,7 @@ from billing.lock_objects import customer_qs_select_for_update, subscription_qs_
 from billing.models import Customer, Price, Subscription, SubscriptionItem, TestClock
 from billing.periods import INTERVALS, period_start
 from billing.services import discounts
+from billing.services.usage import validate_usage_terms
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from hardcount.times import database_now
@@ -155,14 +156,32 @@ def create_price(
     interval_count: int = 1,
     nickname: str = "",
     active: bool = True,
+    recurring: dict | None = None,
+    billing_scheme: str = Price.PER_UNIT,
+    tiers_mode: str = "",
+    tiers: list[dict] | None = None,
+    transform_quantity: dict | None = None,
 ) -> Price:
     """Create a recurring price of ``amount`` minor units of ``currency`` and emit ``price.created``.
 
     Minor units follow the currency's ISO 4217 exponent: 1000 ``usd`` is $10.00, 1000
-    ``jpy`` is ¥1,000. Raises :class:`InvalidRequestError` (see :func:`validate_price_terms`).
+    ``jpy`` is ¥1,000. A usage-based price: ``recurring={"usage_type": "metered", "meter": id}``, with
+    ``billing_scheme``, ``tiers_mode``, ``tiers`` and ``transform_quantity`` as Stripe's
+    (:func:`billing.services.usage.validate_usage_terms`). Raises :class:`InvalidRequestError` (see
+    :func:`validate_price_terms`).
     """
     validate_price_terms(amount=amount, currency=currency, interval=interval, interval_count=interval_count)
     with transaction.atomic():
+        usage = validate_usage_terms(
+            tenant_id=tenant_id,
+            livemode=livemode,
+            amount=amount,
+            recurring=recurring,
+            billing_scheme=billing_scheme,
+            tiers_mode=tiers_mode,
+            tiers=tiers,
+            transform_quantity=transform_quantity,
+        )
         price = Price.objects.create(
             tenant_id=tenant_id,
             livemode=livemode,
@@ -172,6 +191,7 @@ def create_price(
             interval_count=interval_count,
             nickname=nickname,
             active=active,
+            **usage,
         )
         price_event(price, "price.created")
     return price

@@ -57,6 +57,7 @@ from billing.services.lines import item_line, pending_for, period_description
 from billing.services.pausing import collection_paused
 from billing.services.payments import PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
+from billing.services.usage import usage_lines_for
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_for
 
@@ -231,7 +232,8 @@ def _prorations(plan: ChangePlan) -> list[ProrationLine]:
     lines = []
 
     def line(words: str, price: Price, quantity: int, sign: int) -> None:
-        full = sign * quantity * price.amount
+        # A metered item is billed in arrears by its usage: nothing of it is prorated (as Stripe).
+        full = sign * quantity * (0 if price.is_metered else price.amount)
         name = price.nickname or "Subscription"
         lines.append(
             ProrationLine(
@@ -658,7 +660,11 @@ def preview_upcoming(
                     subscription_item=item.id or "",
                 )
                 for item in after
+                if not item.price.is_metered
             ]
+            # The usage of the period under way so far, as its close would bill it (docs/decisions/0166).
+            current = list(sub.items.select_related("price").order_by("created_at", "id"))
+            lines += usage_lines_for([(sub, current)]).get(sub.id, [])
             pending = InvoiceItem.objects.filter(pending_for(sub, price.currency)).order_by("created_at", "id")
             lines += [item_line(item) for item in pending] + prorations
             reason = Invoice.CYCLE

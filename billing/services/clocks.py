@@ -28,15 +28,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from dateutil.relativedelta import relativedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, Value, When
 
 from billing.events import test_clock_event
-from billing.models import BillingAttempt, BillingRun, Customer, PaymentAttempt, Subscription, TestClock
+from billing.models import (
+    BillingAttempt,
+    BillingRun,
+    Customer,
+    PaymentAttempt,
+    Price,
+    Subscription,
+    SubscriptionItem,
+    TestClock,
+)
 from billing.models.subscriptions import BILLABLE_STATUSES
+from billing.queries import usage_close_delay_s
 from billing.services import dunning_pass, pausing
 from billing.services.drain import drain_due
 from billing.services.payments import charges_in_flight, in_flight_window
@@ -405,12 +416,19 @@ def _billable(clock: TestClock):
 
 
 def _billing_next_due(clock: TestClock, *, after: datetime | None) -> datetime | None:
-    """The earliest ``next_billing_at`` of the clock's billable, unparked subscriptions (after ``after``)."""
-    subscriptions = _billable(clock)
+    """The earliest time one of the clock's billable, unparked subscriptions falls due (after ``after``):
+    its ``next_billing_at``, or for one billing usage that time plus the grace (docs/decisions/0165)."""
+    metered = SubscriptionItem.objects.filter(subscription_id=OuterRef("pk"), price__usage_type=Price.METERED)
+    delay = timedelta(seconds=usage_close_delay_s(test_clock_id=clock.id))
+    due_at = Case(
+        When(Q(periods_billed__gt=0) & Exists(metered), then=F("next_billing_at") + Value(delay)),
+        default=F("next_billing_at"),
+        output_field=DateTimeField(),
+    )
+    subscriptions = _billable(clock).annotate(due_at=due_at)
     if after is not None:
-        subscriptions = subscriptions.filter(next_billing_at__gt=after)
-    first = subscriptions.order_by("next_billing_at").values_list("next_billing_at", flat=True).first()
-    return first
+        subscriptions = subscriptions.filter(due_at__gt=after)
+    return subscriptions.order_by("due_at").values_list("due_at", flat=True).first()
 
 
 # --- dunning (docs/reference/dunning.md): the clock's dunning runs are due by the clock, like its subscriptions -----

@@ -61,8 +61,10 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
+from billing.services.usage import bill_final_usage_locked, usage_lines_for
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
+from hardcount.ids import PREFIXES, new_id
 from outbox import services as outbox_services
 
 log = logging.getLogger("billing.close")
@@ -262,6 +264,7 @@ def _prepare(
                 ]
             )
         if sub.cancel_at_period_end:
+            bill_final_usage_locked(sub, now, finalize=finalize_or_pend_locked)
             return cancel_at_period_end_locked(sub, run, now)
         if sub.scheduled_items and apply_scheduled_locked(sub, now):
             sub = Subscription.objects.select_related("price").get(pk=subscription_id)
@@ -344,7 +347,8 @@ def materialise_period_invoice(
     ``previous_billing_cycle_anchor``: the first period of a restarted cycle records the anchor it replaced.
     """
     items = items_by_subscription([sub.id])[sub.id]
-    invoice, lines = new_draft_invoice(sub, start, end, now, items)
+    usage = usage_lines_for([(sub, items)]).get(sub.id, [])
+    invoice, lines = new_draft_invoice(sub, start, end, now, items, usage=usage)
     invoice.previous_billing_cycle_anchor = previous_billing_cycle_anchor
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
@@ -361,15 +365,26 @@ def materialise_period_invoice(
 
 
 def new_draft_invoice(
-    sub: Subscription, start: datetime, end: datetime, now: datetime, items: list[SubscriptionItem]
+    sub: Subscription,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    items: list[SubscriptionItem],
+    *,
+    usage: list[InvoiceLineItem] = (),
 ) -> tuple[Invoice, list[InvoiceLineItem]]:
-    """The unsaved draft invoice of ``sub``'s period ``[start, end)`` and its lines, one per item of ``items``.
+    """The unsaved draft invoice of ``sub``'s period ``[start, end)`` and its lines, one per item of ``items``
+    billed in advance, then ``usage`` (the previous period's usage lines,
+    :func:`billing.services.usage.usage_lines_for`).
 
-    ``subtotal = total = amount_due`` = the sum of ``quantity × price.amount`` over the items, in the
-    subscription's currency (every item's; minor units); ``created_at`` = ``now``, the billing time.
-    ``sub.price`` must be loaded.
+    ``subtotal = total = amount_due`` = the sum of the lines' amounts, in the subscription's currency (every
+    item's; minor units); ``created_at`` = ``now``, the billing time. ``sub.price`` must be loaded.
     """
     lines = period_lines(sub, items, start, end)
+    for line in usage:
+        # Fresh (time-ordered) ids after the period lines': an invoice lists its lines in id order.
+        line.id = new_id(PREFIXES["line_item"])
+        lines.append(line)
     amount = sum(line.amount for line in lines)
     invoice = Invoice(
         tenant_id=sub.tenant_id,

@@ -43,7 +43,8 @@ def _day(at: datetime) -> str:
 def period_lines(
     sub: Subscription, items: list[SubscriptionItem], start: datetime, end: datetime
 ) -> list[InvoiceLineItem]:
-    """The unsaved lines of ``sub``'s period ``[start, end)``: ``quantity × price.amount`` minor units per item.
+    """The unsaved lines of ``sub``'s period ``[start, end)``: ``quantity × price.amount`` minor units per item
+    billed in advance (a metered item's usage is billed in arrears, :mod:`billing.services.usage`).
 
     Raises ``ValueError`` for a subscription without items (every writer gives it one at least).
     """
@@ -61,6 +62,7 @@ def period_lines(
             subscription_item=item.id,
         )
         for item in items
+        if not item.price.is_metered
     ]
 
 

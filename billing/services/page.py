@@ -84,6 +84,7 @@ from billing.services.payments import (
     plan_for,
     take_charge_locks,
 )
+from billing.services.usage import usage_lines_for
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
 from outbox import services as outbox_services
@@ -153,6 +154,7 @@ def prepare_page(
             if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken and sub.customer_id not in pending
         ]
         sub_items = items_by_subscription(sub.id for sub in plain)
+        usage = usage_lines_for([(sub, sub_items[sub.id]) for sub in plain])  # one statement for the page
         customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
         page_discounts = discounts_for_page(plain, {sub.id: bounds[sub.id][0] for sub in plain})
         drafts = []
@@ -163,7 +165,9 @@ def prepare_page(
             discount = page_discounts[sub.id]
             if discount is not None and discount.coupon.duration == Coupon.Duration.ONCE:
                 continue  # claimed under its row lock by the per-close path
-            invoice, sub_lines = new_draft_invoice(sub, *bounds[sub.id], now, sub_items[sub.id])
+            invoice, sub_lines = new_draft_invoice(
+                sub, *bounds[sub.id], now, sub_items[sub.id], usage=usage.get(sub.id, [])
+            )
             created = invoice_data(invoice, lines=sub_lines)
             apply_discount(invoice, sub_lines, discount)
             quote = tax_quote(invoice)

@@ -154,6 +154,9 @@ WHERE i.billing_reason = 'subscription_cycle'
 -- name: invoice_lines_match_invoice
 -- Every invoice has line items; each line of a subscription item bills the invoice's period, and a price line that
 -- is not a proration is quantity × the price's amount (a pending invoice item's line keeps the item's own period).
+-- A metered price's line bills the usage of the period that ended where the invoice's begins (in arrears), or is
+-- the empty line of a first invoice of metered items only, or the usage of a final invoice (over its own period);
+-- its amount follows the price's tiers or package.
 SELECT i.id AS ref, 'has no line items' AS detail
 FROM billing_invoice i
 WHERE NOT EXISTS (SELECT 1 FROM billing_invoicelineitem l WHERE l.invoice_id = i.id)
@@ -161,12 +164,22 @@ UNION ALL
 SELECT l.invoice_id, 'line ' || l.id || ' bills [' || l.period_start || ', ' || l.period_end
        || ') but the invoice period is [' || i.period_start || ', ' || i.period_end || ')'
 FROM billing_invoicelineitem l JOIN billing_invoice i ON i.id = l.invoice_id
-WHERE l.invoice_item_id IS NULL AND (l.period_start <> i.period_start OR l.period_end <> i.period_end)
+LEFT JOIN billing_price p ON p.id = l.price_id
+WHERE l.invoice_item_id IS NULL AND p.usage_type IS DISTINCT FROM 'metered'
+  AND (l.period_start <> i.period_start OR l.period_end <> i.period_end)
+UNION ALL
+SELECT l.invoice_id, 'usage line ' || l.id || ' ends ' || l.period_end || ' but the invoice period starts '
+       || i.period_start
+FROM billing_invoicelineitem l JOIN billing_invoice i ON i.id = l.invoice_id
+JOIN billing_price p ON p.id = l.price_id
+WHERE l.invoice_item_id IS NULL AND p.usage_type = 'metered' AND l.period_end <> i.period_start
+  AND NOT (l.period_start = i.period_start AND l.period_end = i.period_end
+           AND ((l.amount = 0 AND l.quantity = 0) OR i.billing_reason = 'subscription_update'))
 UNION ALL
 SELECT l.invoice_id, 'line ' || l.id || ' amount ' || l.amount || ' is not ' || l.quantity || ' × '
        || p.amount
 FROM billing_invoicelineitem l JOIN billing_price p ON p.id = l.price_id
-WHERE NOT l.proration AND l.amount <> l.quantity * p.amount;
+WHERE NOT l.proration AND p.usage_type = 'licensed' AND l.amount <> l.quantity * p.amount;
 
 -- name: invoice_subtotal_equals_lines
 -- An invoice's subtotal is the sum of its line items.

@@ -3,7 +3,6 @@
 from datetime import timedelta
 from decimal import Decimal
 
-from django.apps import apps
 from django.urls import reverse
 from django.utils import timezone
 
@@ -14,11 +13,13 @@ from billing.services.credit_notes import LineInput, create_credit_note
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
+from billing.services.usage import create_meter
 from dunning.models import DunningSettings
 from hardcount import audit, ratelimit
 from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt
+from tests.api.test_admin import admin_models
 from tests.billing.conftest import DECLINING_CARD
 from tests.outbox.conftest import make_endpoint
 
@@ -53,6 +54,7 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     now = timezone.now()
     LeaderLease.objects.create(role="billing", holder="h:1:ab", token=1, heartbeat_at=now, expires_at=now)
     TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
+    create_meter(tenant_id=tenant.id, livemode=False, display_name="API calls", event_name="api_calls", formula="sum")
     DunningSettings.objects.create(tenant=tenant, livemode=False)
     key, _ = ApiKey.issue(tenant, livemode=False)
     RateLimit.objects.create(tenant=tenant, bucket="read", per_s=10, burst=20)
@@ -70,7 +72,7 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     )
 
     for app in APPS:
-        for model in apps.get_app_config(app).get_models():
+        for model in admin_models(app):
             opts = model._meta
             listed = operator.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
             assert listed.status_code == 200, opts.label

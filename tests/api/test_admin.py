@@ -14,12 +14,18 @@ APPS = ("hardcount", "billing", "dunning", "outbox", "leases")
 CREATED_IN_ADMIN = {"hardcount.tenant", "hardcount.apikey"}
 
 
+# Django's admin cannot show a model whose primary key is composite: the meter events and their identifier
+# guard (keyed for range partitioning, docs/decisions/0164) are read through the API's event summaries.
+def admin_models(app: str) -> list:
+    return [model for model in apps.get_app_config(app).get_models() if not model._meta.is_composite_pk]
+
+
 def test_every_domain_model_is_registered():
     missing = [
         f"{model._meta.app_label}.{model.__name__}"
         for app in APPS
         for model in apps.get_app_config(app).get_models()
-        if not admin.site.is_registered(model)
+        if not admin.site.is_registered(model) and not model._meta.is_composite_pk
     ]
     assert missing == []
 
@@ -36,7 +42,7 @@ def test_every_changelist_renders_and_nothing_can_be_added(operator, api):
     catalog = create_catalog(api)
     create_invoice(catalog["subscription"]["id"])
     for app in APPS:
-        for model in apps.get_app_config(app).get_models():
+        for model in admin_models(app):
             opts = model._meta
             response = operator.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
             assert response.status_code == 200, opts.label

@@ -53,7 +53,17 @@ def test_output_schemas_match_the_representations(api):
     catalog = create_catalog(api)
     invoice = create_invoice(catalog["subscription"]["id"])
     from billing.models import Customer, Price, Subscription
+    from billing.services import usage
 
+    tenant = Customer.objects.get(pk=catalog["customer"]["id"]).tenant_id
+    meter = usage.create_meter(tenant_id=tenant, livemode=False, display_name="m", event_name="m", formula="sum")
+    event = {
+        "event_name": "m",
+        "identifier": "i",
+        "payload": "{}",
+        "timestamp": invoice.created_at,
+        "created_at": invoice.created_at,
+    }
     pairs = [
         (out.Customer, representations.customer_data(Customer.objects.get(pk=catalog["customer"]["id"]))),
         (out.Price, representations.price_data(Price.objects.get(pk=catalog["price"]["id"]))),
@@ -63,6 +73,8 @@ def test_output_schemas_match_the_representations(api):
         ),
         (out.Invoice, representations.invoice_data(invoice)),
         (out.LineItem, representations.invoice_data(invoice)["lines"][0]),
+        (out.Meter, representations.meter_data(meter)),
+        (out.MeterEvent, usage.meter_event_data(event, False)),
     ]
     for serializer, data in pairs:
         assert set(serializer().fields) == set(data), serializer.__name__

@@ -1,0 +1,598 @@
+"""Usage-based billing: meters, meter events, metered prices' charges, and a period's usage lines.
+
+Shapes follow Stripe's Billing Meters and tiered prices (https://docs.stripe.com/billing/subscriptions/usage-based,
+https://docs.stripe.com/products-prices/pricing-models#tiered-pricing). Decisions:
+0164 (events: storage, identifiers, set-wise insert), 0165 (the grace window and when usage is billed),
+0166 (metered prices and their charge models), 0167 (what this first version leaves out).
+
+A period's usage is billed in arrears: the cycle invoice of period n+1 carries the usage of period n,
+aggregated by one statement per close or page (:func:`usage_lines_for`) inside the transaction that
+writes the invoice, so the invoice's unique index on (subscription, period) makes it exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from dateutil.parser import isoparse
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+
+from billing import queries
+from billing.events import invoice_event
+from billing.models import (
+    Customer,
+    Invoice,
+    InvoiceLineItem,
+    Meter,
+    MeterEvent,
+    MeterEventIdentifier,
+    Price,
+    Subscription,
+    SubscriptionItem,
+)
+from billing.periods import period_bounds
+from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
+from billing.representations import meter_data
+from hardcount.errors import InvalidRequestError, business_rule_codes
+from hardcount.ids import new_id
+from hardcount.times import iso
+from outbox.services import emit_for
+
+BUSINESS_RULE_CODES = business_rule_codes(
+    "meter_event_name_taken",
+    "meter_invalid",
+    "tiers_invalid",
+    "transform_quantity_invalid",
+    "meter_not_found",
+    "customer_not_found",
+    "value_invalid",
+    "value_missing",
+    "timestamp_in_future",
+    "timestamp_too_old",
+    "timestamp_out_of_range",
+)
+
+# Stripe: a meter event may be at most 5 minutes in the future.
+FUTURE_SKEW = timedelta(minutes=5)
+# Largest batch of POST /v1/billing/meter_events/batch.
+MAX_BATCH = 1000
+# Largest value of one event: keeps every period's sum and every charge far inside bigint.
+MAX_EVENT_VALUE = 10**9
+# An invoice line's quantity column is a 32-bit integer; a larger usage is shown in the description.
+MAX_LINE_QUANTITY = 2**31 - 1
+MAX_TIERS = 25
+
+
+# -- Meters ---------------------------------------------------------------------------------
+
+
+def create_meter(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    display_name: str,
+    event_name: str,
+    formula: str,
+    customer_key: str = "stripe_customer_id",
+    value_key: str = "value",
+) -> Meter:
+    """Create a meter (Stripe's ``POST /v1/billing/meters``) and emit ``billing.meter.created``; one per
+    ``event_name`` in the tenant and mode.
+
+    Raises :class:`InvalidRequestError` ``meter_event_name_taken`` when another meter has the event name.
+    """
+    try:
+        with transaction.atomic():
+            meter = Meter.objects.create(
+                tenant_id=tenant_id,
+                livemode=livemode,
+                display_name=display_name,
+                event_name=event_name,
+                formula=Meter.Formula(formula),
+                customer_key=customer_key,
+                value_key=value_key,
+            )
+            emit_for(meter, "billing.meter.created", meter_data(meter))
+            return meter
+    except IntegrityError as exc:
+        raise InvalidRequestError(
+            f"A meter for event_name '{event_name}' exists already.", code="meter_event_name_taken", param="event_name"
+        ) from exc
+
+
+# -- Metered prices ---------------------------------------------------------------------------
+
+
+def validate_usage_terms(
+    *,
+    tenant_id: str,
+    livemode: bool,
+    amount: int,
+    recurring: dict | None,
+    billing_scheme: str,
+    tiers_mode: str,
+    tiers: list[dict] | None,
+    transform_quantity: dict | None,
+) -> dict:
+    """The usage columns of a new price (``usage_type``, ``meter``, ``billing_scheme``, ``tiers_mode``, ``tiers``,
+    ``transform_divide_by``, ``transform_round``), after checking Stripe's rules.
+
+    ``tiered`` needs ``tiers_mode`` and 1..25 tiers with strictly ascending integer ``up_to``, the last
+    ``"inf"`` (stored as None), each ``unit_amount`` and ``flat_amount`` minor units (0..``MAX_AMOUNT``), and
+    an ``amount`` of 0; ``transform_quantity`` (``divide_by`` ≥ 1, ``round`` up or down) only with
+    ``per_unit``. A metered price names a meter of the tenant and mode. Raises :class:`InvalidRequestError`.
+    """
+    recurring = recurring or {}
+    usage_type = recurring.get("usage_type", Price.LICENSED)
+    meter = None
+    if usage_type == Price.METERED:
+        meter = Meter.objects.filter(tenant_id=tenant_id, livemode=livemode, pk=recurring.get("meter") or "").first()
+        if meter is None:
+            raise InvalidRequestError(
+                "A metered price needs recurring.meter, a meter of this tenant and mode.",
+                code="meter_invalid",
+                param="recurring.meter",
+            )
+    elif recurring.get("meter"):
+        raise InvalidRequestError(
+            "recurring.meter is for metered prices only.", code="meter_invalid", param="recurring.meter"
+        )
+    columns = {
+        "usage_type": usage_type,
+        "meter": meter,
+        "billing_scheme": billing_scheme,
+        "tiers_mode": "",
+        "tiers": None,
+        "transform_divide_by": None,
+        "transform_round": "",
+    }
+    if billing_scheme == Price.TIERED:
+        if transform_quantity:
+            raise InvalidRequestError(
+                "transform_quantity cannot be used with tiered prices.",
+                code="transform_quantity_invalid",
+                param="transform_quantity",
+            )
+        columns["tiers_mode"] = tiers_mode
+        columns["tiers"] = _checked_tiers(tiers, tiers_mode, amount)
+    else:
+        if tiers or tiers_mode:
+            raise InvalidRequestError(
+                "tiers and tiers_mode need billing_scheme=tiered.", code="tiers_invalid", param="tiers"
+            )
+        if transform_quantity:
+            columns["transform_divide_by"] = transform_quantity["divide_by"]
+            columns["transform_round"] = transform_quantity["round"]
+    return columns
+
+
+def _checked_tiers(tiers: list[dict] | None, tiers_mode: str, amount: int) -> list[dict]:
+    if tiers_mode not in (Price.GRADUATED, Price.VOLUME):
+        raise InvalidRequestError(
+            "tiered prices need tiers_mode graduated or volume.", code="tiers_invalid", param="tiers_mode"
+        )
+    if amount:
+        raise InvalidRequestError(
+            "A tiered price's amount must be 0: its tiers give the amounts.", code="tiers_invalid", param="amount"
+        )
+    if not tiers or len(tiers) > MAX_TIERS:
+        raise InvalidRequestError(f"tiers needs 1 to {MAX_TIERS} tiers.", code="tiers_invalid", param="tiers")
+    checked, previous = [], 0
+    for index, tier in enumerate(tiers):
+        last = index == len(tiers) - 1
+        up_to = tier["up_to"]
+        if last != (up_to == "inf"):
+            raise InvalidRequestError(
+                'Only the last tier, and it always, has up_to "inf".', code="tiers_invalid", param=f"tiers[{index}]"
+            )
+        if not last and (isinstance(up_to, bool) or not isinstance(up_to, int) or up_to <= previous):
+            raise InvalidRequestError(
+                "up_to must be integers in strictly ascending order.", code="tiers_invalid", param=f"tiers[{index}]"
+            )
+        checked.append(
+            {
+                "up_to": None if last else up_to,
+                "unit_amount": tier.get("unit_amount", 0),
+                "flat_amount": tier.get("flat_amount", 0),
+            }
+        )
+        previous = up_to if not last else previous
+    return checked
+
+
+def billed_quantity(price: Price, quantity: int) -> int:
+    """The quantity a price charges for ``quantity`` units of usage: ``transform_quantity`` applied (Stripe's
+    package pricing: ``quantity / divide_by`` rounded ``up`` or ``down``), else ``quantity`` itself."""
+    if not price.transform_divide_by:
+        return quantity
+    whole, rest = divmod(quantity, price.transform_divide_by)
+    return whole + (1 if rest and price.transform_round == "up" else 0)
+
+
+def usage_amount(price: Price, quantity: int) -> int:
+    """What ``quantity`` units (≥ 0) of usage cost under ``price``, in minor units of its currency.
+
+    ``per_unit``: billed quantity (:func:`billed_quantity`) × ``amount``. ``tiered`` (Stripe's rules):
+    ``graduated`` charges each tier's units at its ``unit_amount`` plus the ``flat_amount`` of each tier
+    the quantity reaches; ``volume`` charges every unit at the ``unit_amount`` of the tier the whole
+    quantity falls in (the first whose ``up_to`` ≥ quantity) plus that tier's ``flat_amount``. No usage
+    costs nothing (docs/decisions/0166).
+    """
+    if quantity <= 0:
+        return 0
+    if price.billing_scheme != Price.TIERED:
+        return billed_quantity(price, quantity) * price.amount
+    if price.tiers_mode == Price.VOLUME:
+        for tier in price.tiers:
+            if tier["up_to"] is None or quantity <= tier["up_to"]:
+                return quantity * tier["unit_amount"] + tier["flat_amount"]
+    total, below = 0, 0
+    for tier in price.tiers:
+        top = quantity if tier["up_to"] is None else min(quantity, tier["up_to"])
+        if top <= below:
+            break
+        total += (top - below) * tier["unit_amount"] + tier["flat_amount"]
+        below = top
+    return total
+
+
+# -- Usage lines of a close -------------------------------------------------------------------
+
+
+def usage_period(sub: Subscription) -> tuple[datetime, datetime] | None:
+    """The period whose usage the close of ``sub``'s period ``periods_billed`` bills: the one before it, or
+    None for the first period (billed in advance, it has no usage behind it). ``sub.price`` must be loaded."""
+    if sub.periods_billed == 0:
+        return None
+    price = sub.price
+    return period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed - 1)
+
+
+def usage_lines_for(closes: list[tuple[Subscription, list[SubscriptionItem]]]) -> dict[str, list[InvoiceLineItem]]:
+    """The unsaved usage lines of each close ``(subscription, its items with prices)``, keyed by subscription id.
+
+    One line per metered item: its meter's quantity over the customer's events of :func:`usage_period`,
+    priced by :func:`usage_amount`; one statement for all of ``closes``
+    (:func:`billing.queries.aggregate_usage`). Subscriptions without metered items, or on their first
+    period, get no lines, except a first period of metered items only: one line of no usage per item,
+    over that period (docs/decisions/0166). Call it inside the transaction that writes the invoice.
+    """
+    wanted, found = [], {}
+    lines: dict[str, list[InvoiceLineItem]] = {}
+    for sub, items in closes:
+        metered = [item for item in items if item.price.is_metered]
+        if not metered:
+            continue
+        window = usage_period(sub)
+        if window is None:
+            if len(metered) == len(items):
+                # A first invoice of metered items only: a line of no usage for each (an invoice has lines).
+                price = sub.price
+                own = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
+                lines[sub.id] = [usage_line(item.price, item.id, 0, *own) for item in metered]
+            continue
+        found[sub.id] = (window, metered)
+        wanted += [(item.id, sub.customer_id, item.price.meter_id, *window) for item in metered]
+    quantities = aggregate_usage(wanted)
+    for sub_id, ((start, end), metered) in found.items():
+        lines[sub_id] = [usage_line(item.price, item.id, quantities.get(item.id, 0), start, end) for item in metered]
+    return lines
+
+
+def usage_line(price: Price, item_id: str, quantity: int, start: datetime, end: datetime) -> InvoiceLineItem:
+    """The unsaved line billing ``quantity`` units of ``price``'s meter over ``[start, end)``."""
+    name = price.nickname or "Usage"
+    return InvoiceLineItem(
+        description=f"{quantity:,} × {name} usage ({_day(start)} – {_day(end)})",
+        price_id=price.id,
+        quantity=min(quantity, MAX_LINE_QUANTITY),
+        amount=usage_amount(price, quantity),
+        currency=price.currency,
+        period_start=start,
+        period_end=end,
+        subscription_item=item_id,
+    )
+
+
+def _day(at: datetime) -> str:
+    return f"{at:%b} {at.day}, {at.year}"
+
+
+def bill_final_usage_locked(sub: Subscription, now: datetime, *, finalize) -> Invoice | None:
+    """A subscription canceled at its period's end (locked, in the close that cancels it): its final invoice,
+    of the usage of the period that just ended, created and finalised; None when there is nothing to bill.
+
+    Stripe bills a canceled subscription's last usage on a final invoice. This one has
+    ``billing_reason=subscription_update`` and the period of the usage, and the UNIQUE ``change_key``
+    ``final_usage:<subscription>:<period start>``, so a re-run of the close makes none a second time; it
+    is charged by the reconciler's pass over open ``subscription_update`` invoices without an attempt
+    (docs/decisions/0167). ``finalize`` is :func:`billing.services.close.finalize_or_pend_locked`
+    (passed in: the close imports this module). No usage (an amount of 0) makes no invoice.
+    """
+    items = list(SubscriptionItem.objects.filter(subscription=sub).select_related("price").order_by("created_at", "id"))
+    window = usage_period(sub)
+    lines = usage_lines_for([(sub, items)]).get(sub.id, [])
+    amount = sum(line.amount for line in lines)
+    if window is None or amount == 0:
+        return None
+    invoice = Invoice(
+        tenant_id=sub.tenant_id,
+        livemode=sub.livemode,
+        customer_id=sub.customer_id,
+        subscription_id=sub.id,
+        status=Invoice.DRAFT,
+        billing_reason=Invoice.UPDATE,
+        change_key=f"final_usage:{sub.id}:{window[0].isoformat()}",
+        currency=sub.price.currency,
+        period_start=window[0],
+        period_end=window[1],
+        subtotal=amount,
+        total=amount,
+        amount_due=amount,
+        created_at=now,
+    )
+    row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
+    if not materialise_invoice(row):
+        return None
+    invoice._state.adding = False
+    invoice._state.db = connection.alias
+    for line in lines:
+        line.invoice_id = invoice.id
+    InvoiceLineItem.objects.bulk_create(lines)
+    invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
+    finalize(invoice, now=now, lines=lines)
+    return invoice
+
+
+# -- Meter events -----------------------------------------------------------------------------
+
+
+@dataclass
+class EventResult:
+    """One event of a batch: ``accepted`` (stored now), ``duplicate`` (its identifier was stored before: not
+    counted again) or ``refused`` (``error``: ``{"code", "message", "param"}``; nothing stored)."""
+
+    index: int
+    identifier: str | None
+    status: str
+    error: dict | None = None
+    event: dict | None = field(default=None, repr=False)
+
+    def data(self) -> dict:
+        """The JSON of one entry of the batch response."""
+        return {"index": self.index, "identifier": self.identifier, "status": self.status, "error": self.error}
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str, param: str):
+        super().__init__(message)
+        self.error = {"code": code, "message": message, "param": param}
+
+
+def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list[EventResult]:
+    """Validate and store a batch of meter events (each ``{"event_name", "payload", "timestamp"?,
+    "identifier"?}``); one :class:`EventResult` per event, in order.
+
+    An event is refused (never silently dropped) for a bad shape, an unknown ``event_name`` (no meter),
+    a payload without the meter's customer key naming a customer of the tenant and mode, a value that is
+    not an integer 0..10⁹ (for ``sum``/``max``/``last`` meters; the counted property for
+    ``unique_count``), or a timestamp more than 5 minutes ahead of, or more than the grace
+    (``HARDCOUNT_USAGE_GRACE_S``) behind, the customer's billing time (its test clock's time, else the
+    DB's clock once the insert holds the usage lock, :func:`billing.queries.ingest_time_locked`).
+    ``timestamp``: unix seconds or ISO 8601, default the billing time; ``identifier`` defaults to a fresh
+    one. The accepted events are inserted by one statement
+    (:func:`billing.queries.insert_meter_events`); an identifier stored before is a ``duplicate``.
+    """
+    results: list[EventResult] = []
+    with transaction.atomic():
+        now = ingest_time_locked()
+        shaped = [_shape(index, raw) for index, raw in enumerate(events)]
+        names = {s["event_name"] for s in shaped if isinstance(s, dict)}
+        meters = {
+            m.event_name: m for m in Meter.objects.filter(tenant_id=tenant_id, livemode=livemode, event_name__in=names)
+        }
+        customer_ids = set()
+        for s in shaped:
+            if isinstance(s, dict) and s["event_name"] in meters:
+                value = s["payload"].get(meters[s["event_name"]].customer_key)
+                if isinstance(value, str):
+                    customer_ids.add(value)
+        customers = {
+            c.id: c
+            for c in Customer.objects.filter(tenant_id=tenant_id, livemode=livemode, pk__in=customer_ids).only(
+                "id", "test_clock_id"
+            )
+        }
+        clock_times = _clock_times_shared({c.test_clock_id for c in customers.values() if c.test_clock_id})
+        grace = timedelta(seconds=settings.HARDCOUNT_USAGE_GRACE_S)
+        rows, seen = [], set()
+        for index, s in enumerate(shaped):
+            if isinstance(s, EventResult):
+                results.append(s)
+                continue
+            try:
+                meter = meters.get(s["event_name"])
+                if meter is None:
+                    raise _Refused("meter_not_found", f"No meter for event_name '{s['event_name']}'.", "event_name")
+                customer = customers.get(s["payload"].get(meter.customer_key))
+                if customer is None:
+                    raise _Refused(
+                        "customer_not_found",
+                        f"payload.{meter.customer_key} must be the id of a customer of this tenant and mode.",
+                        f"payload.{meter.customer_key}",
+                    )
+                value = _value(meter, s["payload"])
+                at = clock_times.get(customer.test_clock_id, now) if customer.test_clock_id else now
+                timestamp = s["timestamp"] or at
+                if timestamp > at + FUTURE_SKEW:
+                    raise _Refused(
+                        "timestamp_in_future", "timestamp is more than 5 minutes in the future.", "timestamp"
+                    )
+                if timestamp < at - grace:
+                    raise _Refused(
+                        "timestamp_too_old",
+                        f"timestamp is older than the grace window ({grace.total_seconds():.0f} s): "
+                        "its period's usage may be billed already.",
+                        "timestamp",
+                    )
+            except _Refused as refused:
+                results.append(EventResult(index, s["identifier"], "refused", refused.error))
+                continue
+            identifier = s["identifier"] or new_id("mev")
+            if identifier in seen:
+                results.append(EventResult(index, identifier, "duplicate"))
+                continue
+            seen.add(identifier)
+            row = {
+                "id": new_id("mev"),
+                "identifier": identifier,
+                "event_name": meter.event_name,
+                "customer_id": customer.id,
+                "value": value,
+                "payload": json.dumps(s["payload"], sort_keys=True),
+                "timestamp": timestamp,
+                "created_at": at,
+            }
+            rows.append(row)
+            results.append(EventResult(index, identifier, "accepted", event=meter_event_data(row, livemode)))
+        inserted = insert_meter_events(tenant_id=tenant_id, livemode=livemode, rows=rows)
+        for result in results:
+            if result.status == "accepted" and result.identifier not in inserted:
+                result.status, result.event = "duplicate", None
+    return results
+
+
+def _clock_times_shared(clock_ids: set[str]) -> dict[str, datetime]:
+    """The test clocks' times, each clock row held ``FOR SHARE`` until commit: an advance (which updates the
+    row first) waits for this batch, so its drain sees every event accepted at the old time."""
+    if not clock_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, frozen_time FROM billing_testclock WHERE id = ANY(%s) ORDER BY id FOR SHARE",
+            [sorted(clock_ids)],
+        )
+        return dict(cursor.fetchall())
+
+
+def _shape(index: int, raw) -> dict | EventResult:
+    """An event's fields checked on their own: ``{"event_name", "payload", "timestamp" (or None), "identifier"}``."""
+    identifier = raw.get("identifier") if isinstance(raw, dict) else None
+    identifier = identifier if isinstance(identifier, str) else None
+
+    def refused(code: str, message: str, param: str) -> EventResult:
+        return EventResult(index, identifier, "refused", {"code": code, "message": message, "param": param})
+
+    if not isinstance(raw, dict):
+        return refused("parameter_invalid", "An event must be a JSON object.", "")
+    unknown = sorted(set(raw) - {"event_name", "payload", "timestamp", "identifier"})
+    if unknown:
+        return refused("parameter_unknown", "Unknown parameter.", unknown[0])
+    name = raw.get("event_name")
+    if not isinstance(name, str) or not 1 <= len(name) <= 100:
+        return refused("parameter_invalid", "event_name must be a string of 1 to 100 characters.", "event_name")
+    payload = raw.get("payload")
+    if (
+        not isinstance(payload, dict)
+        or len(payload) > 50
+        or not all(isinstance(k, str) and len(k) <= 100 for k in payload)
+        or not all(
+            isinstance(v, str | int) and not isinstance(v, bool) and len(str(v)) <= 500 for v in payload.values()
+        )
+    ):
+        return refused(
+            "parameter_invalid", "payload must be an object of up to 50 string or integer values.", "payload"
+        )
+    if "identifier" in raw and (not isinstance(raw["identifier"], str) or not 1 <= len(raw["identifier"]) <= 100):
+        return refused("parameter_invalid", "identifier must be a string of 1 to 100 characters.", "identifier")
+    timestamp = None
+    if raw.get("timestamp") is not None:
+        timestamp = _timestamp(raw["timestamp"])
+        if timestamp is None:
+            # A string shaped like a date-time that names no representable instant (year 0, a leap second).
+            code = "timestamp_out_of_range" if isinstance(raw["timestamp"], str) else "parameter_invalid"
+            return refused(code, "timestamp must be unix seconds or ISO 8601 with a zone.", "timestamp")
+    return {"event_name": name, "payload": payload, "timestamp": timestamp, "identifier": identifier}
+
+
+def _payload_value(value) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool) and len(str(value)) <= 500
+
+
+def _timestamp(value) -> datetime | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= 253402300799:
+            return None
+        return datetime.fromtimestamp(value, tz=UTC)
+    if isinstance(value, str):
+        try:
+            parsed = isoparse(value)
+        except (ValueError, OverflowError):
+            return None
+        return parsed.astimezone(UTC) if parsed.tzinfo else None
+    return None
+
+
+def _value(meter: Meter, payload: dict) -> int | None:
+    """The stored value of an event for ``meter``: an integer 0..10⁹ under its value key (None for ``count``
+    and ``unique_count``, which need no value; ``unique_count`` needs the property present)."""
+    raw = payload.get(meter.value_key)
+    if meter.formula == Meter.Formula.COUNT:
+        return None
+    if meter.formula == Meter.Formula.UNIQUE_COUNT:
+        if raw is None or raw == "":
+            raise _Refused("value_missing", f"payload.{meter.value_key} is required.", f"payload.{meter.value_key}")
+        return None
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit():
+        raw = int(raw)
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_EVENT_VALUE:
+        raise _Refused(
+            "value_invalid",
+            f"payload.{meter.value_key} must be an integer from 0 to {MAX_EVENT_VALUE}.",
+            f"payload.{meter.value_key}",
+        )
+    return raw
+
+
+def meter_event_data(row: dict, livemode: bool) -> dict:
+    """Stripe's ``billing.meter_event`` object of a stored event row."""
+    return {
+        "object": "billing.meter_event",
+        "event_name": row["event_name"],
+        "identifier": row["identifier"],
+        "livemode": livemode,
+        "payload": json.loads(row["payload"]) if isinstance(row["payload"], str) else row["payload"],
+        "timestamp": iso(row["timestamp"]),
+        "created": iso(row["created_at"]),
+    }
+
+
+def event_summaries(meter: Meter, customer_id: str, start: datetime, end: datetime, *, by_day: bool) -> list[dict]:
+    """Stripe's ``billing.meter_event_summary`` objects of a customer's usage of ``meter`` in ``[start, end)``: one
+    for the whole range, or (``by_day``) one per UTC day with events, each clipped to the range."""
+    rows = queries.event_summaries(meter.id, customer_id, start, end, by_day=by_day)
+    if not by_day and not rows:
+        rows = [(None, 0)]
+    return [
+        {
+            "object": "billing.meter_event_summary",
+            "meter": meter.id,
+            "customer": customer_id,
+            "aggregated_value": value,
+            "start_time": iso(max(day, start) if day else start),
+            "end_time": iso(min(day + timedelta(days=1), end) if day else end),
+        }
+        for day, value in rows
+    ]
+
+
+def stored_event(*, tenant_id: str, livemode: bool, identifier: str) -> dict | None:
+    """The ``billing.meter_event`` stored under ``identifier`` in the tenant and mode, or None."""
+    guard = MeterEventIdentifier.objects.filter(tenant_id=tenant_id, livemode=livemode, identifier=identifier).first()
+    if guard is None:
+        return None
+    event = MeterEvent.objects.filter(timestamp=guard.event_timestamp, id=guard.event_id).values().first()
+    return None if event is None else meter_event_data(event, livemode)
