@@ -424,6 +424,10 @@ def _restartable_period(sub: Subscription, at: datetime) -> tuple[datetime, date
         )
     if collection_paused(sub, now=at):
         _refuse_restart("Collection is paused: a restarted cycle's invoice could not be charged now; resume first.")
+    if sub.items.filter(price__usage_type=Price.METERED).exists():
+        # A metered item's usage is billed in arrears for the period its next invoice follows: a cycle cut short
+        # would leave the usage of its last days without a period to be billed for.
+        _refuse_restart("The subscription has metered items; their usage is billed by full periods only.")
     period = invoiced_period(sub, at)
     if period is None or sub.next_billing_at != period[1]:
         # Not invoiced yet (the first period, or a close that has not happened or failed): there is no paid

@@ -703,3 +703,22 @@ def test_reading_usage_waits_for_an_insert_in_flight(book, monkeypatch, barrier)
         assert waited and got["usage"] == {"k": 5}
     else:
         assert not waited and got["usage"] == {"k": 0}
+
+
+def test_restarting_the_cycle_of_a_subscription_with_a_metered_item_is_a_422_and_changes_nothing(book, acme):
+    tenant = acme.tenant
+    now = database_now()
+    customer, sub, _metered = _mixed_subscription(book, tenant, anchor=now - 10 * DAY)
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)  # the current period is invoiced
+    sub.refresh_from_db()
+    before = (sub.billing_cycle_anchor, sub.next_billing_at, Invoice.objects.filter(subscription=sub).count())
+
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}", {"billing_cycle_anchor": "now"})
+
+    assert status == 422, body
+    assert (body["error"]["code"], body["error"]["param"]) == (
+        "billing_cycle_anchor_unavailable",
+        "billing_cycle_anchor",
+    )
+    sub.refresh_from_db()
+    assert (sub.billing_cycle_anchor, sub.next_billing_at, Invoice.objects.filter(subscription=sub).count()) == before
