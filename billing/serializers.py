@@ -790,6 +790,8 @@ class PayloadField(serializers.DictField):
 
     def to_internal_value(self, data):
         data = super().to_internal_value(data)
+        # JSON Schema counts 5.0 as an integer, so the document allows it: read it as 5.
+        data = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
         if len(data) > 50 or not all(
             len(k) <= 100
             and ((isinstance(v, str) and len(v) <= 500) or (isinstance(v, int) and not isinstance(v, bool)))

@@ -495,6 +495,8 @@ def _shape(index: int, raw) -> dict | EventResult:
     if not isinstance(name, str) or not 1 <= len(name) <= 100:
         return refused("parameter_invalid", "event_name must be a string of 1 to 100 characters.", "event_name")
     payload = raw.get("payload")
+    if isinstance(payload, dict):
+        payload = {k: _json_integer(v) for k, v in payload.items()}
     if (
         not isinstance(payload, dict)
         or len(payload) > 50
@@ -522,7 +524,15 @@ def _payload_value(value) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool) and len(str(value)) <= 500
 
 
+def _json_integer(value):
+    """``value`` as an ``int`` when JSON Schema calls it an integer (``5`` and ``5.0`` alike), else ``value``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _timestamp(value) -> datetime | None:
+    value = _json_integer(value)
     if isinstance(value, int) and not isinstance(value, bool):
         if not 0 <= value <= 253402300799:
             return None

@@ -708,7 +708,7 @@ def test_reading_usage_waits_for_an_insert_in_flight(book, monkeypatch, barrier)
 def test_restarting_the_cycle_of_a_subscription_with_a_metered_item_is_a_422_and_changes_nothing(book, acme):
     tenant = acme.tenant
     now = database_now()
-    customer, sub, _metered = _mixed_subscription(book, tenant, anchor=now - 10 * DAY)
+    _customer, sub, _metered = _mixed_subscription(book, tenant, anchor=now - 10 * DAY)
     drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)  # the current period is invoiced
     sub.refresh_from_db()
     before = (sub.billing_cycle_anchor, sub.next_billing_at, Invoice.objects.filter(subscription=sub).count())
@@ -722,3 +722,24 @@ def test_restarting_the_cycle_of_a_subscription_with_a_metered_item_is_a_422_and
     )
     sub.refresh_from_db()
     assert (sub.billing_cycle_anchor, sub.next_billing_at, Invoice.objects.filter(subscription=sub).count()) == before
+
+
+def test_integral_json_numbers_are_integers_in_a_timestamp_and_a_payload(book, acme):
+    # JSON Schema (and so the OpenAPI document) calls 1.0 an integer: 2159.0 seconds and a value of 7.0 are accepted.
+    tenant = acme.tenant
+    customer = book.customer(tenant)
+    _meter(tenant)
+    at = int(database_now().timestamp()) - 60
+
+    status, body = Api(acme.test).post(
+        "/v1/billing/meter_events",
+        {
+            "event_name": "api_calls",
+            "payload": {"stripe_customer_id": customer.id, "value": 7.0},
+            "timestamp": at + 0.0,
+        },
+    )
+
+    assert status == 201, body
+    (event,) = MeterEvent.objects.filter(tenant=tenant)
+    assert (event.value, int(event.timestamp.timestamp())) == (7, at)
