@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from decimal import Decimal
 
 from django.contrib import admin
 from django.contrib.auth.models import Group
@@ -17,10 +18,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.models import Invoice, StripeEvent, TestClock
+from billing.services import discounts
 from billing.services.credit_notes import LineInput, create_credit_note
 from billing.services.drain import drain_due
 from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
+from billing.services.usage import create_meter
 from dunning.models import DunningSettings
 from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
@@ -60,6 +63,11 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
         refund_amount=100,
     )
     grant_credit(paying.customer_id, tenant_id=tenant.id, livemode=False, amount=250, description="goodwill")
+    coupon = discounts.create_coupon(tenant_id=tenant.id, livemode=False, percent_off=Decimal("10"), duration="once")
+    discounts.set_subscription_discount(
+        tenant_id=tenant.id, livemode=False, subscription_id=paying.id, coupon_id=coupon.id
+    )
+    create_meter(tenant_id=tenant.id, livemode=False, display_name="API calls", event_name="api_calls", formula="sum")
     create_invoice_item(
         tenant_id=tenant.id, livemode=False, customer_id=paying.customer_id, amount=-100, currency="usd"
     )
