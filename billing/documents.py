@@ -185,7 +185,7 @@ def _percent(value) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def _discount_label(invoice: Invoice, money) -> str:
+def _discount_label(invoice: Invoice) -> str:
     """The coupon's name (its id when it has none) and its terms: ``Launch (25% off)``, ``Loyal ($5.00 off)``."""
     discount = invoice.discount
     if discount is None:
@@ -194,7 +194,7 @@ def _discount_label(invoice: Invoice, money) -> str:
     name = coupon.name or coupon.id
     if coupon.percent_off is not None:
         return f"{name} ({_percent(coupon.percent_off)}% off)"
-    return f"{name} ({money(coupon.amount_off)} off)"
+    return f"{name} ({display(coupon.amount_off, coupon.currency, locale=locale())} off)"
 
 
 def _tax_label(invoice: Invoice) -> str:
@@ -211,7 +211,7 @@ def _totals(invoice: Invoice, money) -> tuple[TotalRow, ...]:
     before payment = amount due`` read down the rows."""
     rows = [TotalRow("subtotal", "Subtotal", money(invoice.subtotal))]
     if invoice.total_discount:
-        rows.append(TotalRow("discount", _discount_label(invoice, money), money(-invoice.total_discount)))
+        rows.append(TotalRow("discount", _discount_label(invoice), money(-invoice.total_discount)))
     rows.append(TotalRow("tax", _tax_label(invoice), money(invoice.tax)))
     rows.append(TotalRow("total", "Total", money(invoice.total)))
     if invoice.credit_applied:
