@@ -182,6 +182,21 @@ def test_a_usage_line_prints_the_units_used_and_the_period_they_were_used_in(boo
     assert "Total $44.68" in text
 
 
+def test_a_usage_line_of_no_usage_prints_a_quantity_of_0_not_1(book, acme):
+    tenant = acme.tenant
+    metered = _metered_price(tenant, _meter(tenant), amount=2)
+    sub = book.subscription(book.customer(tenant), metered, anchor=ANCHOR)
+    _drain(tenant)  # a first invoice of metered items only: one line of no usage
+    invoice = Invoice.objects.get(subscription=sub)
+    assert [(line.quantity, line.amount) for line in invoice.lines.all()] == [(0, 0)]
+
+    text = _invoice_pdf(acme, invoice)
+
+    # The quantity cell follows the line's period: 0 units at $0.02, $0.00 (it printed 1 before usage lines).
+    assert "0 × API calls usage" in text and "December 15, 2026 0 $0.02 $0.00" in text, text
+    assert " 1 $0.02" not in text
+
+
 # ---------------------------------------------------------------------------------------------- credit-note PDFs
 
 
