@@ -137,6 +137,8 @@ def test_an_invoice_prints_the_credit_notes_issued_before_and_after_payment(book
     assert "Total $10.00 Credit notes -$4.00 Amount due $6.00" in text
     assert "$6.00 due" in text
     assert "Credit note (before payment) CN-000001" in text and "Order change -$4.00" in text
+    html = Client().get(f"/i/{hosted_token(open_invoice)}").content.decode()
+    assert "CN-000001" in html and "Order change" in html and "-$4.00" in html and "$6.00" in html
 
     # Paid: $10.00 paid, then $2.50 credited to the balance.
     response = Api(acme.test).response("get", f"/v1/invoices/{paid.id}/pdf")
