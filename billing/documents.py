@@ -234,7 +234,7 @@ def reason_text(reason: str) -> str:
 
 
 def _adjustments(invoice: Invoice, money) -> tuple[Adjustment, ...]:
-    """The invoice's issued credit notes, by number (a void one credited nothing: Stripe's sums leave it out)."""
+    """The invoice's issued credit notes, oldest first (a void one credited nothing: Stripe's sums leave it out)."""
     notes = invoice.credit_notes.filter(status=CreditNote.ISSUED).order_by("created_at", "number")
     return tuple(
         Adjustment(
