@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 
 from billing.hosted import hosted_invoice_pdf_url, hosted_invoice_url
@@ -396,6 +397,12 @@ def refund_data(refund) -> dict[str, Any]:
     }
 
 
+def credit_note_pdf_url(note) -> str:
+    """Stripe's ``credit_note.pdf``: ``<HARDCOUNT_PUBLIC_URL>/v1/credit_notes/<id>/pdf``, fetched with the tenant's
+    API key (docs/decisions/0169)."""
+    return f"{settings.HARDCOUNT_PUBLIC_URL.rstrip('/')}/v1/credit_notes/{note.id}/pdf"
+
+
 def credit_note_data(note, lines=None) -> dict[str, Any]:
     """A credit note (Stripe's ``credit_note``): ``total = subtotal + tax`` and
     ``total = pre_payment_amount + refund_amount + credit_amount + out_of_band_amount``, minor units."""
@@ -428,6 +435,7 @@ def credit_note_data(note, lines=None) -> dict[str, Any]:
         "customer_balance_transaction": note.credit_entry_id,
         "created": iso(note.created_at),
         "voided_at": iso(note.voided_at),
+        "pdf": credit_note_pdf_url(note),
     }
 
 

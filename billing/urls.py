@@ -60,6 +60,7 @@ urlpatterns = [
     path("credit_notes/preview", credit_notes.CreditNotePreviewView.as_view(), name="credit-note-preview"),
     path("credit_notes/<str:id>", credit_notes.CreditNoteDetailView.as_view(), name="credit-note"),
     path("credit_notes/<str:id>/void", credit_notes.CreditNoteVoidView.as_view(), name="credit-note-void"),
+    path("credit_notes/<str:id>/pdf", documents.CreditNotePdfView.as_view(), name="credit-note-pdf"),
     # The caller's own Stripe account (billing/api/gateway_accounts.py).
     path("gateway_account", gateway_accounts.GatewayAccountView.as_view(), name="gateway-account"),
     # Usage billing (billing/api/meters.py).

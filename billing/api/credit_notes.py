@@ -162,6 +162,10 @@ class CreditNoteOut(serializers.Serializer):
     customer_balance_transaction = serializers.CharField(allow_null=True)
     created = serializers.DateTimeField(allow_null=True)
     voided_at = serializers.DateTimeField(allow_null=True)
+    pdf = serializers.CharField(
+        allow_null=True,
+        help_text="The credit note's PDF (`GET /v1/credit_notes/{id}/pdf`, with the API key); null in a preview.",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,6 +238,7 @@ def draft_data(draft: service.Draft, *, livemode: bool) -> dict:
         "customer_balance_transaction": None,
         "created": None,
         "voided_at": None,
+        "pdf": None,
     }
 
 
