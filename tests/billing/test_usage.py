@@ -743,3 +743,48 @@ def test_integral_json_numbers_are_integers_in_a_timestamp_and_a_payload(book, a
     assert status == 201, body
     (event,) = MeterEvent.objects.filter(tenant=tenant)
     assert (event.value, int(event.timestamp.timestamp())) == (7, at)
+
+
+def test_a_mixed_subscription_changed_mid_period_prorates_the_licensed_item_and_bills_the_usage_once(book, page_close):
+    from billing.models import InvoiceItem
+    from billing.services.changes import change_subscription
+
+    tenant = book.tenant()
+    apr = datetime(2027, 4, 1, tzinfo=UTC)  # a 30-day period: April 16 00:00 leaves exactly half
+    clock = make_clock(tenant, apr)
+    customer = book.customer(tenant, clock=clock)
+    metered = _metered_price(tenant, _meter(tenant), amount=3)
+    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=3000, currency="usd", interval="month")
+    sub = create_subscription(
+        tenant_id=tenant.id,
+        livemode=False,
+        customer_id=customer.id,
+        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
+    )
+    advance(clock, apr + timedelta(hours=1))  # April billed in advance: 3,000, no usage line
+    _ingest(tenant, [_event(customer, 10, None)])
+    advance(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    (seat,) = SubscriptionItem.objects.filter(subscription_id=sub.id, price=licensed)
+
+    change_subscription(
+        tenant_id=tenant.id, livemode=False, subscription_id=sub.id, items=[{"id": seat.id, "quantity": 3}]
+    )
+    _ingest(tenant, [_event(customer, 5, None)])
+
+    # Half of April is left: the seat's unused half is credited (−3,000 / 2) and three seats' half charged
+    # (3 × 3,000 / 2); the metered item is not prorated (its usage is billed in arrears, whatever the change).
+    prorations = sorted(
+        InvoiceItem.objects.filter(subscription_id=sub.id, proration=True).values_list("price_id", "quantity", "amount")
+    )
+    assert prorations == sorted([(licensed.id, 1, -1500), (licensed.id, 3, 4500)])
+    may = datetime(2027, 5, 1, tzinfo=UTC)
+    advance(clock, may + timedelta(hours=2))  # May: 3 seats ahead, April's 15 units behind, the prorations
+    invoice = Invoice.objects.get(subscription_id=sub.id, period_start=may)
+    assert sorted((line.price_id, line.quantity, line.amount) for line in invoice.lines.all()) == sorted(
+        [(licensed.id, 3, 9000), (metered.id, 15, 45), (licensed.id, 1, -1500), (licensed.id, 3, 4500)]
+    )
+    assert (invoice.total, invoice.status) == (9000 + 45 - 1500 + 4500, "paid")
+    advance(clock, datetime(2027, 6, 1, 2, tzinfo=UTC))  # June: May had no usage; April's is not billed again
+    june = Invoice.objects.get(subscription_id=sub.id, period_start=datetime(2027, 6, 1, tzinfo=UTC))
+    assert sum(line.quantity for line in june.lines.all() if line.price_id == metered.id) == 0
+    assert june.total == 9000
