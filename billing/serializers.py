@@ -39,6 +39,7 @@ from hardcount.api import (
     StrictSerializer,
     object_field,
 )
+from hardcount.errors import storable_text
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 
 CURRENCIES = sorted(CURRENCY_EXPONENTS)
@@ -794,7 +795,11 @@ class PayloadField(serializers.DictField):
         data = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
         if len(data) > 50 or not all(
             len(k) <= 100
-            and ((isinstance(v, str) and len(v) <= 500) or (isinstance(v, int) and not isinstance(v, bool)))
+            and storable_text(k)
+            and (
+                (isinstance(v, str) and len(v) <= 500 and storable_text(v))
+                or (isinstance(v, int) and not isinstance(v, bool))
+            )
             for k, v in data.items()
         ):
             self.fail("payload")

@@ -54,6 +54,18 @@ def clean_text(value: Any) -> str:
     return text.replace("\x00", "\\x00")
 
 
+def storable_text(value: str) -> bool:
+    """False for text PostgreSQL cannot store in ``text`` or ``jsonb``: a NUL character, or a lone surrogate
+    (which has no UTF-8 form); validators refuse such input with a 4xx rather than let the insert fail."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def error_body(type_: str, code: str, message: str, param: str | None = None) -> dict[str, Any]:
     """The docs/reference/api.md error body as a dict."""
     return {

@@ -36,7 +36,7 @@ from billing.models import (
 from billing.periods import period_bounds
 from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
 from billing.representations import meter_data
-from hardcount.errors import InvalidRequestError, business_rule_codes
+from hardcount.errors import InvalidRequestError, business_rule_codes, storable_text
 from hardcount.ids import new_id
 from hardcount.times import iso
 from outbox.services import emit_for
@@ -500,13 +500,19 @@ def _shape(index: int, raw) -> dict | EventResult:
     if (
         not isinstance(payload, dict)
         or len(payload) > 50
-        or not all(isinstance(k, str) and len(k) <= 100 for k in payload)
+        or not all(isinstance(k, str) and len(k) <= 100 and storable_text(k) for k in payload)
         or not all(
-            isinstance(v, str | int) and not isinstance(v, bool) and len(str(v)) <= 500 for v in payload.values()
+            isinstance(v, str | int)
+            and not isinstance(v, bool)
+            and len(str(v)) <= 500
+            and (not isinstance(v, str) or storable_text(v))
+            for v in payload.values()
         )
     ):
         return refused(
-            "parameter_invalid", "payload must be an object of up to 50 string or integer values.", "payload"
+            "parameter_invalid",
+            "payload must be an object of up to 50 string or integer values (text without NUL characters).",
+            "payload",
         )
     if "identifier" in raw and (not isinstance(raw["identifier"], str) or not 1 <= len(raw["identifier"]) <= 100):
         return refused("parameter_invalid", "identifier must be a string of 1 to 100 characters.", "identifier")

@@ -788,3 +788,25 @@ def test_a_mixed_subscription_changed_mid_period_prorates_the_licensed_item_and_
     june = Invoice.objects.get(subscription_id=sub.id, period_start=datetime(2027, 6, 1, tzinfo=UTC))
     assert sum(line.quantity for line in june.lines.all() if line.price_id == metered.id) == 0
     assert june.total == 9000
+
+
+@pytest.mark.parametrize("payload_extra", [{"note": "a\x00b"}, {"\x00": "x"}, {"note": "\ud800"}])
+def test_text_jsonb_cannot_hold_is_a_4xx_for_one_event_and_refuses_only_that_event_in_a_batch(
+    book, acme, payload_extra
+):
+    tenant = acme.tenant
+    customer = book.customer(tenant)
+    _meter(tenant)
+    api = Api(acme.test)
+    bad = {"event_name": "api_calls", "payload": {"stripe_customer_id": customer.id, "value": 1, **payload_extra}}
+
+    status, body = api.post("/v1/billing/meter_events", bad)
+    assert status in (400, 422), body
+    status, body = api.post("/v1/billing/meter_events/batch", {"events": [bad, _event(customer, 2, None)]})
+
+    assert status == 200, body
+    assert [(r["status"], r.get("error") and r["error"]["param"]) for r in body["data"]] == [
+        ("refused", "payload"),
+        ("accepted", None),
+    ]
+    assert list(MeterEvent.objects.filter(tenant=tenant).values_list("value", flat=True)) == [2]
