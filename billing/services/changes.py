@@ -699,6 +699,31 @@ def preview_upcoming(
     return invoice, lines
 
 
+def _paid_share(
+    credits: list[ProrationLine], sub: Subscription, period: tuple[datetime, datetime] | None
+) -> list[ProrationLine]:
+    """``credits`` for what was paid: each credit of an item whose line on the period's invoice was discounted is
+    recomputed from that line's amount less its discount (docs/reference/discounts.md), rounded once as before."""
+    if not credits or period is None:
+        return credits
+    paid = {
+        (line.price_id, line.quantity): line.amount - line.discount_amount
+        for line in InvoiceLineItem.objects.filter(
+            invoice__subscription_id=sub.id,
+            invoice__period_start=period[0],
+            invoice__billing_reason=Invoice.CYCLE,
+            proration=False,
+        ).exclude(invoice__status=Invoice.VOID)
+        if line.price_id and line.discount_amount
+    }
+    for line in credits:
+        net = paid.get((line.price.id, line.quantity))
+        if net is not None:
+            line.full_amount = -net
+            line.amount = prorate(line.full_amount, line.remaining_s, line.period_s)
+    return credits
+
+
 def cancel_subscription(
     *, tenant_id: str, livemode: bool, subscription_id: str, at_period_end: bool = False, prorate: bool = False
 ) -> Subscription:
@@ -706,7 +731,8 @@ def cancel_subscription(
     unused time of the invoiced current period to the customer's balance.
 
     One ledger entry per item, reason ``proration_credit``, each ``quantity × amount × remaining / period``
-    rounded once (:func:`billing.services.proration.prorate`), emitted as ``customer.credit_granted``. Raises
+    rounded once (:func:`billing.services.proration.prorate`), emitted as ``customer.credit_granted``; for an
+    item the period's invoice discounted, of what was paid (its line's amount less its discount). Raises
     as the cancel does, and :class:`InvalidRequestError` for ``prorate`` with ``at_period_end`` (nothing is
     unused at the period's end).
     """
@@ -724,7 +750,7 @@ def cancel_subscription(
         if sub.status != Subscription.CANCELED:
             plan.before = list(sub.items.select_related("price").order_by("created_at", "id"))
             plan.period = invoiced_period(sub, plan.at)
-        credits = [line for line in _prorations(plan) if line.amount < 0]
+        credits = _paid_share([line for line in _prorations(plan) if line.amount < 0], sub, plan.period)
         canceled = catalog_cancel(tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id)
         if credits:
             customer = customer_locked(sub.customer_id)

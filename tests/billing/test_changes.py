@@ -300,6 +300,37 @@ def test_cancel_with_proration_credits_the_unused_time_to_the_balance(book, acme
     assert [e.data["amount"] for e in events("customer.credit_granted")] == [1958]
 
 
+def test_cancel_with_proration_of_a_discounted_period_credits_what_was_paid(book, acme, stripe_proxy):
+    # 3 seats of 1000 at 25 % off: 2250 paid for April. Canceled on Apr 11 10:00:
+    # 2250 × 1,692,000 / 2,592,000 = 1468.75 → 1469 credited (the undiscounted 3000 would give 1958).
+    from decimal import Decimal
+
+    from billing.models import LedgerEntry
+    from billing.services import discounts
+
+    anchor = datetime(2027, 4, 1, tzinfo=UTC)
+    clock = TestClock.objects.create(tenant=acme.tenant, livemode=False, frozen_time=anchor)
+    sub = book.subscription(
+        book.customer(acme.tenant, clock=clock), _pro(book, acme.tenant, 1000), anchor=anchor, quantity=3
+    )
+    coupon = discounts.create_coupon(
+        tenant_id=acme.tenant.id, livemode=False, percent_off=Decimal("25"), duration="forever"
+    )
+    discounts.set_subscription_discount(
+        tenant_id=acme.tenant.id, livemode=False, subscription_id=sub.id, coupon_id=coupon.id
+    )
+    drain_due(livemode=False, trigger="test_clock", tenant_id=acme.tenant.id, test_clock_id=clock.id)
+    invoice = Invoice.objects.get(subscription=sub)
+    assert (invoice.total, invoice.status) == (2250, "paid")
+    _move(clock, datetime(2027, 4, 11, 10, tzinfo=UTC))
+
+    status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True})
+
+    assert status == 200, body
+    entry = LedgerEntry.objects.get(customer_id=sub.customer_id)
+    assert (entry.reason, entry.amount) == ("proration_credit", 1469)
+
+
 def test_cancel_at_period_end_with_prorate_is_refused(book, acme):
     _clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
     status, body = Api(acme.test).post(f"/v1/subscriptions/{sub.id}/cancel", {"prorate": True, "at_period_end": True})
