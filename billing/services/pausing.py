@@ -10,8 +10,8 @@ predicate asked the other way. It writes the period's invoice without any charge
 behavior says, and advances the period once:
 
 - ``void``: the draft is created and voided at once (no number, no tax, no balance applied);
-- ``mark_uncollectible``: created, numbered and marked ``uncollectible`` at once (no tax, no
-  balance applied: nothing will be collected on it);
+- ``mark_uncollectible``: created, numbered and marked ``uncollectible`` at once, with its discount
+  (no tax, no balance applied: nothing will be collected on it);
 - ``keep_as_draft``: created and kept a draft (no number); nothing finalises or charges it later.
 
 Reasons, and what Stripe does differently: docs/decisions/0144-pausing-collection.md.
@@ -26,7 +26,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from billing.events import invoice_event
-from billing.lock_objects import subscription_qs_select_for_update
+from billing.lock_objects import customer_locked, subscription_qs_select_for_update
 from billing.models import Invoice, Subscription
 from billing.models.subscriptions import PauseBehavior
 from billing.periods import period_bounds
@@ -34,6 +34,7 @@ from billing.queries import claim_due_page, lock_due_subscription, next_invoice_
 from billing.representations import iso, pause_collection_data, subscription_data
 from billing.services.catalog import billing_now
 from billing.services.close import cancel_at_period_end_locked, mark_finalized, materialise_period_invoice
+from billing.services.discounts import apply_discount_locked
 from billing.services.items import apply_scheduled_locked
 from billing.services.payments import advance_period_locked, billing_time, clear_failure_state
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
@@ -255,6 +256,10 @@ def _apply_behavior(invoice: Invoice, behavior: PauseBehavior, *, now: datetime)
         invoice.save(update_fields=["status", "voided_at"])
         invoice_event(invoice, "invoice.voided", created_at=now)
     elif behavior == PauseBehavior.MARK_UNCOLLECTIBLE:
+        # The debt it records is what the customer would have owed: its discount applies, as at a finalisation
+        # (the customer's lock before the discount's row, as every close takes them).
+        customer_locked(invoice.customer_id)
+        apply_discount_locked(invoice)
         # The counter is the last lock of the order: nothing else is locked after it here.
         mark_finalized(invoice, number=next_invoice_number(invoice.tenant_id, invoice.livemode), now=now)
         invoice.save()

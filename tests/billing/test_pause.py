@@ -453,3 +453,31 @@ def test_a_change_scheduled_for_the_period_end_applies_at_the_boundary_while_col
     advance(clock, datetime(2027, 3, 2, tzinfo=UTC))
     *_, march = _invoices(sub)
     assert (march.total, march.status, march.amount_paid) == (3500, "paid", 3500)
+
+
+def test_a_period_marked_uncollectible_while_paused_records_the_discounted_debt(book, tenant, stripe_proxy):
+    # 1,000 a month at 25 % off forever: February, invoiced while paused, is uncollectible for 750, not 1,000.
+    from decimal import Decimal
+
+    from billing.services import discounts
+
+    clock = make_clock(tenant, START)
+    sub = subscribe(book, clock, amount=1000)
+    coupon = discounts.create_coupon(tenant_id=tenant.id, livemode=False, percent_off=Decimal("25"), duration="forever")
+    discounts.set_subscription_discount(
+        tenant_id=tenant.id, livemode=False, subscription_id=sub.id, coupon_id=coupon.id
+    )
+    clock = advance(clock, START + DAY)  # January: billed and charged, discounted
+    _pause(sub, "mark_uncollectible")
+
+    advance(clock, datetime(2027, 2, 15, tzinfo=UTC))
+
+    january, february = _invoices(sub)
+    assert (january.status, january.total) == (Invoice.PAID, 750)
+    assert (february.status, february.subtotal, february.total_discount, february.total) == (
+        Invoice.UNCOLLECTIBLE,
+        1000,
+        250,
+        750,
+    )
+    assert [line.discount_amount for line in february.lines.all()] == [250]
