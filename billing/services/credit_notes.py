@@ -82,7 +82,8 @@ class RefundFailed(StateConflictError):
 @dataclass(frozen=True)
 class LineInput:
     """One requested line: credit ``amount`` minor units (before tax) of an invoice line, or ``quantity`` of
-    its units (the line's amount per unit times ``quantity``)."""
+    its units (the line's amount per unit, less its discount, times ``quantity``); a line is credited up to what was
+    billed for it, its amount less its discount."""
 
     invoice_line_item: str
     amount: int | None = None
@@ -237,17 +238,19 @@ def _line_amounts(invoice: Invoice, lines: list[LineInput]) -> tuple[int, list]:
                 param=param,
             )
         seen.add(line.id)
+        # What was billed for the line: its amount less its share of the invoice's discount.
+        paid = line.amount - line.discount_amount
         if wanted.quantity is not None:
-            if wanted.quantity > line.quantity or line.amount % line.quantity:
+            if wanted.quantity > line.quantity or paid % line.quantity:
                 raise InvalidRequestError(
                     f"quantity must be at most the line's {line.quantity}, of a line with a whole unit amount.",
                     code="credit_note_line_invalid",
                     param=f"{param}.quantity",
                 )
-            amount = line.amount // line.quantity * wanted.quantity
+            amount = paid // line.quantity * wanted.quantity
         else:
             amount = wanted.amount
-        left = line.amount - already.get(line.id, 0)
+        left = paid - already.get(line.id, 0)
         if amount <= 0 or amount > left:
             raise InvalidRequestError(
                 f"Line {line.id} has {max(left, 0)} left to credit; {amount} asked.",

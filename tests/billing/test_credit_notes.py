@@ -529,3 +529,29 @@ def test_yen_are_credited_as_stored(book):
         500,
         1200,
     )
+
+
+def test_a_discounted_line_is_credited_up_to_what_was_billed_for_it(book):
+    # 1999 at 25 % off: the line was billed 1999 − 500 = 1499 (499.75 rounds up), the whole line credits 1499.
+    from decimal import Decimal
+
+    from billing.services import discounts
+
+    tenant = book.tenant()
+    sub = book.subscribed(tenant, card=VISA, amount=1999)
+    coupon = discounts.create_coupon(tenant_id=tenant.id, livemode=False, percent_off=Decimal("25"), duration="forever")
+    discounts.set_subscription_discount(
+        tenant_id=tenant.id, livemode=False, subscription_id=sub.id, coupon_id=coupon.id
+    )
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    invoice = Invoice.objects.get(subscription=sub)
+    (line,) = invoice.lines.all()
+    assert (line.amount, line.discount_amount, invoice.amount_paid) == (1999, 500, 1499)
+
+    with pytest.raises(InvalidRequestError) as refused:
+        _create(invoice, lines=[LineInput(line.id, amount=1500)], refund_amount=1500)
+    assert refused.value.code == "credit_note_line_invalid"
+    note = _create(invoice, lines=[LineInput(line.id, quantity=1)], refund_amount=1499)
+
+    assert (note.subtotal, note.total, note.refund_amount) == (1499, 1499, 1499)
+    assert [item.amount for item in note.lines.all()] == [1499]
