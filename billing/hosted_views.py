@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from functools import wraps
 from urllib.parse import urlsplit
 
 import stripe
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.loader import render_to_string
-from django.views.decorators.http import require_safe
+from django.views.decorators.csrf import csrf_exempt
 
 from billing import gateway as gw
 from billing import gateway_accounts
@@ -79,6 +80,20 @@ def _secure(response: HttpResponse, nonce: str) -> HttpResponse:
     return response
 
 
+def _reads_only(view):
+    """GET and HEAD only: any other method is a 405 with the page's headers. Exempt from CSRF, which would
+    answer a POST with Django's own 403 page first: the page takes no form, so there is nothing to forge."""
+
+    @csrf_exempt
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            return _secure(HttpResponseNotAllowed(["GET", "HEAD"]), secrets.token_urlsafe(16))
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
 def not_found(request: HttpRequest) -> HttpResponse:
     """The one answer to a token that opens nothing: a plain HTML 404 that names nothing."""
     nonce = secrets.token_urlsafe(16)
@@ -114,7 +129,7 @@ def payment_action(invoice: Invoice) -> PaymentAction:
     )
 
 
-@require_safe
+@_reads_only
 def hosted_invoice(request: HttpRequest, token: str) -> HttpResponse:
     """The customer's page of the invoice: the document, its PDF link, and the payment step when one is due."""
     found = resolve(token)
@@ -143,7 +158,7 @@ def hosted_invoice(request: HttpRequest, token: str) -> HttpResponse:
     return _secure(HttpResponse(html, content_type="text/html; charset=utf-8"), nonce)
 
 
-@require_safe
+@_reads_only
 def hosted_invoice_pdf(request: HttpRequest, token: str) -> HttpResponse:
     """The invoice's PDF (the bytes ``GET /v1/invoices/{id}/pdf`` answers), under the page's token."""
     found = resolve(token)

@@ -110,7 +110,14 @@ def test_unknown_forged_and_other_invoices_tokens_are_one_plain_404(book, acme, 
         body = response.content.decode()
         assert "not valid" in body and theirs.number not in body and "Traceback" not in body
         assert response["Referrer-Policy"] == "no-referrer"
-    assert Client().post(_path(invoice)).status_code == 405
+    # As a browser would send them: with CSRF checks on, which the test client leaves off by default.
+    browser = Client(enforce_csrf_checks=True)
+    for method in (browser.post, browser.put, browser.delete):
+        for path in (_path(invoice), _path(invoice) + "/pdf"):
+            response = method(path)
+            assert response.status_code == 405, (method, path)
+            assert (response["Allow"], response["Referrer-Policy"]) == ("GET, HEAD", "no-referrer"), path
+            assert "frame-ancestors 'none'" in response["Content-Security-Policy"]
 
 
 def test_the_page_reads_as_the_invoices_tenant_and_gives_the_connection_back(book, acme, monkeypatch):
