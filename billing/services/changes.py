@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import NoReturn
@@ -55,7 +56,7 @@ from billing.services.items import ItemAfter, scheduled_items, write_items_locke
 from billing.services.ledger import credit_proration_locked, set_balance_applied
 from billing.services.lines import item_line, pending_for, period_description
 from billing.services.pausing import collection_paused
-from billing.services.payments import PaymentInFlight
+from billing.services.payments import OutcomeKind, PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
 from billing.services.usage import usage_lines_for
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
@@ -76,6 +77,8 @@ BUSINESS_RULE_CODES = business_rule_codes(
 
 # ``billing_cycle_anchor`` of an update (Stripe's): keep the cycle, or restart it at the change's instant.
 ANCHOR_UNCHANGED, ANCHOR_NOW = "unchanged", "now"
+# How long a restart's answer waits for its period's close when another transaction holds the subscription.
+RESTART_CLOSE_WAIT_S = 5.0
 
 
 @dataclass
@@ -517,13 +520,24 @@ def restart_cycle(
             data["previous_attributes"]["items"] = {"object": "list", "data": previous_items}
         emit_for(sub, "subscription.updated", data, created_at=now)
         invoice_id = inserted[0].id
-    close_subscription_period(
-        sub.id,
-        periods_billed=0,
-        run=None,
-        as_of=now if sub.test_clock_id else None,
-        test_clock_id=sub.test_clock_id,
-    )
+    # The close skips a subscription another transaction holds (SKIP LOCKED): a concurrent request for the
+    # same subscription, refused under the lock a moment later, may hold it just then. Try again while the
+    # period is still due and its invoice still a draft, so the answer reports the period charged.
+    deadline = time.monotonic() + RESTART_CLOSE_WAIT_S
+    while True:
+        outcome = close_subscription_period(
+            sub.id,
+            periods_billed=0,
+            run=None,
+            as_of=now if sub.test_clock_id else None,
+            test_clock_id=sub.test_clock_id,
+        )
+        if outcome.kind != OutcomeKind.SKIPPED or time.monotonic() >= deadline:
+            break
+        still_due = Subscription.objects.filter(pk=sub.id, periods_billed=0, next_billing_at=at).exists()
+        if not still_due or Invoice.objects.filter(pk=invoice_id).exclude(status=Invoice.DRAFT).exists():
+            break
+        time.sleep(0.05)
     sub.refresh_from_db()
     return sub, Invoice.objects.get(pk=invoice_id)
 

@@ -354,3 +354,44 @@ def test_a_restart_invoice_voided_before_its_charge_is_reissued_on_the_new_cycle
     assert (reissued.total, reissued.status) == (1000, "paid")
     sub.refresh_from_db()
     assert (sub.next_billing_at, sub.periods_billed) == (datetime(2027, 5, 11, 10, tzinfo=UTC), 1)
+
+
+def test_a_restart_whose_close_meets_the_subscription_held_elsewhere_waits_and_answers_it_charged(
+    book, acme, stripe_proxy, monkeypatch
+):
+    # A concurrent request for the same subscription holds its row just as the restart's close runs (which
+    # skips a locked subscription): the restart waits for it, so its answer reports the new period charged.
+    import threading
+
+    from django.db import connection
+
+    from billing.services import changes
+
+    clock, sub = _clocked(book, acme.tenant)
+    _move(clock, APR_11_10H)
+    held, release, real_close = threading.Event(), threading.Event(), changes.close_subscription_period
+
+    def hold_the_row():
+        try:
+            with transaction.atomic():
+                Subscription.objects.select_for_update().get(pk=sub.id)
+                held.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def close_while_held(*args, **kwargs):
+        if not held.is_set():
+            threading.Thread(target=hold_the_row, daemon=True).start()
+            assert held.wait(10)
+            threading.Timer(0.3, release.set).start()
+        return real_close(*args, **kwargs)
+
+    monkeypatch.setattr(changes, "close_subscription_period", close_while_held)
+
+    status, body = _restart(Api(acme.test), sub)
+
+    assert status == 200, body
+    restarted = _cycle_invoices(sub)[-1]
+    assert (restarted.period_start, restarted.status) == (APR_11_10H, "paid")
+    assert body["current_period_start"] == "2027-04-11T10:00:00Z"
