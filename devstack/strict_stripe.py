@@ -649,6 +649,14 @@ class StrictStripe:
             self._send(handler, 404, missing, "application/json")
             return
 
+        too_large = _amount_too_large(req)
+        if too_large is not None:
+            # Stripe refuses it while validating the parameters, before the request runs: nothing is stored
+            # under its key (https://docs.stripe.com/api/idempotent_requests).
+            self._record(LogEntry(req, "refused", 400))
+            self._send(handler, 400, too_large, "application/json")
+            return
+
         if req.idempotency_key:
             replay = self._idempotent(req)
             if replay is not None:
@@ -984,6 +992,28 @@ class WebhookSender:
             return None
         finally:
             conn.close()
+
+
+# Stripe's ceiling for an amount: eight digits in the currency's minor unit ($999,999.99;
+# https://docs.stripe.com/currencies#minimum-and-maximum-charge-amounts).
+MAX_AMOUNT = 99_999_999
+
+
+def _amount_too_large(req: ProxyRequest) -> bytes | None:
+    """Stripe's 400 ``amount_too_large`` for a PaymentIntent create or update over :data:`MAX_AMOUNT`, else None."""
+    if req.method != "POST" or not req.path.split("?")[0].startswith("/v1/payment_intents"):
+        return None
+    try:
+        amount = int(req.params.get("amount", "0"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if amount <= MAX_AMOUNT:
+        return None
+    body = json.loads(
+        _error_body(400, "invalid_request_error", "Amount must be no more than 99,999,999.", "amount_too_large")
+    )
+    body["error"]["param"] = "amount"
+    return json.dumps(body).encode()
 
 
 def _payment_intents_in(payload: bytes) -> list[dict]:

@@ -271,3 +271,16 @@ def test_an_injected_429_carries_retry_after_and_can_be_aimed_at_one_account(str
     proxy.fail_next("429", retry_after_s=None)
     status, headers, _body = post(proxy.api_base, "/v1/customers", {"email": "c@example.com"}, None)
     assert status == 429 and "Retry-After" not in headers
+
+
+def test_an_amount_over_stripes_eight_digits_is_refused_before_it_runs_and_its_key_stores_nothing(strict):
+    proxy = strict()
+    body = {"amount": "100000000", "currency": "usd", "payment_method_types[]": "card"}
+
+    status, _, refused = post(proxy.api_base, "/v1/payment_intents", body, "k-too-large")
+    assert (status, refused["error"]["code"], refused["error"]["param"]) == (400, "amount_too_large", "amount")
+    # Not run, so not stored: the same key with a valid body runs (Stripe saves no result for a refused one).
+    status, _, intent = post(proxy.api_base, "/v1/payment_intents", {**body, "amount": "99999999"}, "k-too-large")
+
+    assert (status, intent["amount"]) == (200, 99999999)
+    assert [e.action for e in proxy.entries("POST /v1/payment_intents")] == ["refused", "forwarded"]

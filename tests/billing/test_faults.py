@@ -202,3 +202,19 @@ def test_jpy_amounts_are_sent_without_scaling(book, tenant, stripe_proxy, stripe
     assert (sent["amount"], sent["currency"]) == ("1000", "jpy")
     intent = stripe_client.v1.payment_intents.retrieve(invoice.payment_intent_id)
     assert (intent.amount, intent.currency, intent.status) == (1000, "jpy", "succeeded")
+
+
+def test_an_invoice_over_the_gateways_eight_digits_is_refused_there_and_waits_on_the_ladder(book, tenant, stripe_proxy):
+    # 2 × 99,999,999 = 199,999,998: Stripe refuses the PaymentIntent (400 amount_too_large); the drain goes on
+    # and the invoice waits open, its attempt an error, its subscription on the retry ladder.
+    sub = book.subscribed(tenant, amount=99_999_999, quantity=2)
+
+    run = drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+
+    invoice = Invoice.objects.get(subscription=sub)
+    (attempt,) = PaymentAttempt.objects.filter(invoice=invoice)
+    sub.refresh_from_db()
+    assert (run.status, invoice.status, invoice.total) == ("completed", "open", 199_999_998)
+    assert (attempt.outcome, attempt.http_status) == ("error", 400)
+    assert "99,999,999" in attempt.error_message
+    assert sub.billing_failure_count == 1 and sub.next_billing_attempt_at is not None
