@@ -332,22 +332,24 @@ def check_gateway(
         for account_client, tenant_ids in clients.listings():
             violations.extend(_gateway_listing_violations(using, account_client, limit, only_tenants=tenant_ids))
     except stripe.StripeError as exc:
-        return CheckResult(
-            name,
-            invariant,
-            ERROR,
-            violations=len(violations),
-            examples=sorted(violations)[:max_examples],
-            note=f"gateway unreachable or refused: {type(exc).__name__}: {exc.user_message or exc}",
-            duration_ms=(time.perf_counter() - started) * 1000,
-        )
+        note = f"gateway unreachable or refused: {type(exc).__name__}: {exc.user_message or exc}"
+        return _gateway_result(name, invariant, violations, ERROR, note, started=started, max_examples=max_examples)
+    status = FAIL if violations else OK
+    note = f"{len(invoices)} invoices compared"
+    return _gateway_result(name, invariant, violations, status, note, started=started, max_examples=max_examples)
+
+
+def _gateway_result(
+    name: str, invariant: str, violations: list[str], status: str, note: str, *, started: float, max_examples: int
+) -> CheckResult:
+    """A gateway check's result: its violations (sorted examples), ``status`` and ``note``, timed from ``started``."""
     return CheckResult(
         name,
         invariant,
-        FAIL if violations else OK,
+        status,
         violations=len(violations),
         examples=sorted(violations)[:max_examples],
-        note=f"{len(invoices)} invoices compared",
+        note=note,
         duration_ms=(time.perf_counter() - started) * 1000,
     )
 
@@ -488,24 +490,11 @@ def check_gateway_refunds(
             elif outcome in ("succeeded", "failed") and (found[0].status == "succeeded") != (outcome == "succeeded"):
                 violations.append(f"{refund_id}: {outcome} in the books, {found[0].status} at the gateway")
     except stripe.StripeError as exc:
-        return CheckResult(
-            name,
-            invariant,
-            ERROR,
-            violations=len(violations),
-            examples=sorted(violations)[:max_examples],
-            note=f"gateway unreachable or refused: {type(exc).__name__}: {exc.user_message or exc}",
-            duration_ms=(time.perf_counter() - started) * 1000,
-        )
-    return CheckResult(
-        name,
-        invariant,
-        FAIL if violations else OK,
-        violations=len(violations),
-        examples=sorted(violations)[:max_examples],
-        note=f"{len(rows)} refunds compared",
-        duration_ms=(time.perf_counter() - started) * 1000,
-    )
+        note = f"gateway unreachable or refused: {type(exc).__name__}: {exc.user_message or exc}"
+        return _gateway_result(name, invariant, violations, ERROR, note, started=started, max_examples=max_examples)
+    status = FAIL if violations else OK
+    note = f"{len(rows)} refunds compared"
+    return _gateway_result(name, invariant, violations, status, note, started=started, max_examples=max_examples)
 
 
 # ---------------------------------------------------------------- reporting
