@@ -327,6 +327,16 @@ def usage_barrier() -> None:
         cursor.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)", [USAGE_INGEST_LOCK, USAGE_INGEST_LOCK])
 
 
+def usage_hold_locked() -> None:
+    """USAGE_INGEST_LOCK exclusively until the transaction ends: no meter-event insert is in flight, and none
+    starts before this commit. A change or an immediate cancel that bills usage up to its instant takes it, so
+    the events it aggregates are all there are before that instant, and an insert after it reads the customer's
+    new ``usage_billed_until`` (docs/decisions/0170). Same caution as :func:`usage_barrier` on customer rows.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [USAGE_INGEST_LOCK])
+
+
 INSERT_METER_EVENTS = """
     WITH input AS (
         SELECT * FROM unnest(
