@@ -204,3 +204,84 @@ def test_an_immediate_cancel_through_the_api_bills_the_usage_and_without_usage_m
     advance(clock2, JAN15)
     cancel_subscription(tenant_id=other.id, livemode=False, subscription_id=idle.id)
     assert not Invoice.objects.filter(subscription_id=idle.id, billing_reason="subscription_update").exists()
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_change_counts_an_insert_in_flight_and_holds_later_inserts_until_it_commits(book, monkeypatch, hold):
+    """The change waits for an insert that has validated but not committed (its event is billed by the change), and
+    an insert arriving while the change's transaction is open waits for its commit, then is refused. Without the
+    hold (the negative control) that insert does not wait, reads the old cutoff, and is accepted: its event falls
+    in the window the change billed, so no close would ever bill it."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from billing import queries
+    from billing.services import changes
+
+    if not hold:
+        monkeypatch.setattr(queries, "usage_hold_locked", lambda: None)
+
+    tenant, clock, customer, sub, item, _licensed, cheap, _ = _setup(book)
+    advance(clock, JAN15 + timedelta(seconds=1))
+    in_flight, release, changed, after = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def slow_insert():
+        try:
+            with transaction.atomic():
+                _ingest(tenant, [_event(customer, 9, JAN15)])
+                in_flight.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    real = changes._write_usage_until
+
+    def write_then_wait(*args, **kwargs):
+        written = real(*args, **kwargs)
+        changed.set()
+        # A later insert started now must wait for this transaction: give it the time to try.
+        late = threading.Thread(target=late_insert)
+        late.start()
+        late.join(1.0)
+        after["waited"] = late.is_alive()
+        after["thread"] = late
+        return written
+
+    def late_insert():
+        try:
+            after["late"] = _ingest(tenant, [_event(customer, 5, JAN15)])
+        finally:
+            connections.close_all()
+
+    def change():
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(changes, "_write_usage_until", write_then_wait)
+                change_subscription(
+                    tenant_id=tenant.id,
+                    livemode=False,
+                    subscription_id=sub.id,
+                    items=[{"id": item.id, "deleted": True}],
+                )
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=slow_insert)
+    writer.start()
+    assert in_flight.wait(20)
+    changer = threading.Thread(target=change)
+    changer.start()
+    changer.join(1.0)
+    assert changer.is_alive() and not changed.is_set()  # waiting for the insert in flight
+    release.set()
+    writer.join(20)
+    changer.join(30)
+    after["thread"].join(20)
+    if hold:
+        assert after["waited"]
+        assert (after["late"][0].status, after["late"][0].error["code"]) == ("refused", "timestamp_too_old")
+    else:
+        assert not after["waited"] and after["late"][0].status == "accepted"
+    pending = InvoiceItem.objects.get(subscription_id=sub.id, invoice__isnull=True, price=cheap)
+    assert (pending.quantity, pending.amount) == (40 + 9, 49 * 3)
