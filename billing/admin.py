@@ -2,7 +2,7 @@
 
 Rows are read-only here (see :mod:`hardcount.admin`); the actions call the same service
 functions as the API: :func:`billing.services.drain.retry_billing`
-(``POST /v1/subscriptions/{id}/retry-billing``), :func:`billing.services.catalog.cancel_subscription`,
+(``POST /v1/subscriptions/{id}/retry-billing``), :func:`billing.services.changes.cancel_subscription`,
 :func:`billing.services.invoices.pay_invoice` and :func:`~billing.services.invoices.void_invoice`.
 Each reports its result per row. The credit ledger is append-only: no admin can change or
 delete an entry (credit moves through ``POST /v1/customers/{id}/credits``).
@@ -41,7 +41,7 @@ from billing.models import (
     TestClock,
 )
 from billing.models.subscriptions import BILLING_STATE_FILTERS
-from billing.services import catalog, drain, invoices
+from billing.services import changes, drain, invoices
 from dunning.schedule import next_retry_at
 from hardcount import audit
 from hardcount.admin import (
@@ -630,7 +630,8 @@ class SubscriptionAdmin(SubscriptionChangeActions, ScopeColumns, ReadOnlyAdmin):
             return confirmation
         for sub in rows:
             try:
-                catalog.cancel_subscription(
+                # The change service's cancel: a cancel now bills the usage not billed yet (docs/decisions/0170).
+                changes.cancel_subscription(
                     tenant_id=sub.tenant_id, livemode=sub.livemode, subscription_id=sub.id, at_period_end=at_period_end
                 )
             except ServiceError as exc:

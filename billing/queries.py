@@ -10,6 +10,8 @@ close's lock through :func:`due_condition`) takes it from there. Locks follow th
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -327,12 +329,21 @@ def usage_barrier() -> None:
         cursor.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)", [USAGE_INGEST_LOCK, USAGE_INGEST_LOCK])
 
 
+def usage_hold_locked() -> None:
+    """USAGE_INGEST_LOCK exclusively until the transaction ends: no meter-event insert is in flight, and none
+    starts before this commit. A change or an immediate cancel that bills usage up to its instant takes it, so
+    the events it aggregates are all there are before that instant, and an insert after it reads the customer's
+    new ``usage_billed_until`` (docs/decisions/0170). Same caution as :func:`usage_barrier` on customer rows.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [USAGE_INGEST_LOCK])
+
+
 INSERT_METER_EVENTS = """
     WITH input AS (
-        SELECT * FROM unnest(
-            %(ids)s::text[], %(identifiers)s::text[], %(event_names)s::text[], %(customers)s::text[],
-            %(values)s::bigint[], %(payloads)s::text[], %(timestamps)s::timestamptz[], %(created)s::timestamptz[]
-        ) AS i(id, identifier, event_name, customer_id, value, payload, ts, created_at)
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+            AS i(id text, identifier text, event_name text, customer_id text, value bigint, payload jsonb,
+                 ts timestamptz, created_at timestamptz)
     ), admitted AS (
         INSERT INTO billing_metereventidentifier
             (tenant_id, livemode, identifier, event_id, event_timestamp, created_at)
@@ -342,7 +353,7 @@ INSERT_METER_EVENTS = """
     ), inserted AS (
         INSERT INTO billing_meterevent
             (id, tenant_id, livemode, event_name, customer_id, identifier, value, payload, timestamp, created_at)
-        SELECT i.id, %(tenant)s, %(livemode)s, i.event_name, i.customer_id, i.identifier, i.value, i.payload::jsonb,
+        SELECT i.id, %(tenant)s, %(livemode)s, i.event_name, i.customer_id, i.identifier, i.value, i.payload,
                i.ts, i.created_at
         FROM input i JOIN admitted a ON a.event_id = i.id
         RETURNING identifier
@@ -354,30 +365,60 @@ INSERT_METER_EVENTS = """
 def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict]) -> set[str]:
     """INSERT_METER_EVENTS: insert a batch of meter events in one statement; the identifiers inserted.
 
-    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (JSON
-    text), "timestamp", "created_at"}``, identifiers distinct within the batch. Each event is admitted by
-    its identifier's row (``INSERT … ON CONFLICT DO NOTHING`` on the primary key (tenant, livemode,
-    identifier)): an identifier seen before, by this batch's retry or by a concurrent batch on another
-    connection (which the insert waits for), admits nothing, so no event is ever stored twice. The
-    arrays are bound parameters: one statement whatever the batch's size.
+    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (a dict,
+    or its JSON text), "timestamp", "created_at"}``, identifiers distinct within the batch. Each event is
+    admitted by its identifier's row (``INSERT … ON CONFLICT DO NOTHING`` on the primary key (tenant,
+    livemode, identifier)): an identifier seen before, by this batch's retry or by a concurrent batch on
+    another connection (which the insert waits for), admits nothing, so no event is ever stored twice. The
+    batch travels as one JSON parameter (``jsonb_to_recordset``): one statement whatever the batch's size,
+    and one string for the driver to send instead of eight arrays to adapt element by element (0172).
     """
     if not rows:
         return set()
-    params = {
-        "tenant": tenant_id,
-        "livemode": livemode,
-        "ids": [r["id"] for r in rows],
-        "identifiers": [r["identifier"] for r in rows],
-        "event_names": [r["event_name"] for r in rows],
-        "customers": [r["customer_id"] for r in rows],
-        "values": [r["value"] for r in rows],
-        "payloads": [r["payload"] for r in rows],
-        "timestamps": [r["timestamp"] for r in rows],
-        "created": [r["created_at"] for r in rows],
-    }
+    batch = json.dumps(
+        [
+            {
+                "id": r["id"],
+                "identifier": r["identifier"],
+                "event_name": r["event_name"],
+                "customer_id": r["customer_id"],
+                "value": r["value"],
+                "payload": json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"],
+                "ts": r["timestamp"].isoformat(),
+                "created_at": r["created_at"].isoformat(),
+            }
+            for r in rows
+        ],
+        separators=(",", ":"),
+    )
     with connection.cursor() as cursor:
-        cursor.execute(INSERT_METER_EVENTS, params)
+        cursor.execute(INSERT_METER_EVENTS, {"tenant": tenant_id, "livemode": livemode, "rows": batch})
         return {row[0] for row in cursor.fetchall()}
+
+
+@dataclass(frozen=True)
+class IngestCustomer:
+    """What an insert needs of a customer: its test clock and its usage billed-until per meter (0170)."""
+
+    id: str
+    test_clock_id: str | None
+    usage_billed_until: dict
+
+
+def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, IngestCustomer]:
+    """The customers of the tenant and mode among ``ids``, by id: one array parameter, no model instances."""
+    if not ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # Most customers have billed nothing early: no JSON to decode for them (a tenth of a batch's time).
+            "SELECT id, test_clock_id, NULLIF(usage_billed_until, '{}'::jsonb)::text FROM billing_customer"
+            " WHERE tenant_id = %s AND livemode = %s AND id = ANY(%s)",
+            [tenant_id, livemode, list(ids)],
+        )
+        return {
+            row[0]: IngestCustomer(row[0], row[1], json.loads(row[2]) if row[2] else {}) for row in cursor.fetchall()
+        }
 
 
 # One meter's aggregate over the events joined as ``e`` (``m`` the meter): the formula's value, 0 for none.
@@ -392,18 +433,31 @@ _AGGREGATE = """
     END
 """
 
+# The events of one wanted row ``w`` of meter ``m``: the usage index's range, one customer's events of one name.
+_EVENTS_OF_W = """
+    FROM billing_meterevent e
+    WHERE e.tenant_id = m.tenant_id AND e.livemode = m.livemode AND e.customer_id = w.customer_id
+      AND e.event_name = m.event_name AND e.timestamp >= w.start_at AND e.timestamp < w.end_at
+"""
+
+# One scalar subquery per formula, of which CASE runs only the meter's: each is a range scan of the usage index for
+# one customer, so no step sorts or hashes the events of every customer together (an ordered aggregate such as
+# ``last``'s made PostgreSQL sort all the rows, payloads included, on disk: decision 0172).
 AGGREGATE_USAGE = f"""
     WITH wanted AS (
         SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[])
             AS w(key, customer_id, meter_id, start_at, end_at)
     )
-    SELECT w.key, {_AGGREGATE}
+    SELECT w.key,
+        CASE m.formula
+            WHEN 'sum' THEN (SELECT COALESCE(SUM(e.value), 0) {_EVENTS_OF_W})
+            WHEN 'count' THEN (SELECT COUNT(*) {_EVENTS_OF_W})
+            WHEN 'max' THEN (SELECT COALESCE(MAX(e.value), 0) {_EVENTS_OF_W})
+            WHEN 'last' THEN COALESCE((SELECT e.value {_EVENTS_OF_W} ORDER BY e.timestamp DESC, e.id DESC LIMIT 1), 0)
+            WHEN 'unique_count' THEN (SELECT COUNT(DISTINCT e.payload ->> m.value_key) {_EVENTS_OF_W})
+        END
     FROM wanted w
     JOIN billing_meter m ON m.id = w.meter_id
-    LEFT JOIN billing_meterevent e
-        ON e.tenant_id = m.tenant_id AND e.livemode = m.livemode AND e.customer_id = w.customer_id
-       AND e.event_name = m.event_name AND e.timestamp >= w.start_at AND e.timestamp < w.end_at
-    GROUP BY w.key, m.formula
 """
 
 
@@ -411,7 +465,7 @@ def aggregate_usage(wanted: list[tuple[str, str, str, datetime, datetime]]) -> d
     """AGGREGATE_USAGE: each ``(key, customer id, meter id, start, end)``'s quantity, in one statement.
 
     The quantity is the meter's formula over the customer's events of the meter's ``event_name`` with
-    ``start <= timestamp < end``, computed by PostgreSQL's ``GROUP BY`` on the usage index (no event is
+    ``start <= timestamp < end``, computed by PostgreSQL from one range of the usage index per row (no event is
     loaded into Python); 0 when there are none. Run inside the close's transaction, so the invoice and
     its usage lines commit together or not at all; :func:`usage_barrier` runs first.
     """

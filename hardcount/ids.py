@@ -47,12 +47,19 @@ PREFIXES = {
 }
 
 
+# Two characters per 10 bits: an id is 13 lookups instead of 26 (new_id runs once per meter event).
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
+
+
 def _encode(value: int, length: int) -> str:
     chars = []
-    for _ in range(length):
+    if length % 2:
         chars.append(_ALPHABET[value & 31])
         value >>= 5
-    return "".join(reversed(chars))
+    for _ in range(length // 2):
+        chars.append(_PAIRS[value & 1023])
+        value >>= 10
+    return "".join(reversed(chars)) if length % 2 == 0 else "".join(reversed(chars[1:])) + chars[0]
 
 
 _last = {"ms": -1, "rand": 0}

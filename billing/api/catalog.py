@@ -248,8 +248,9 @@ class SubscriptionCancelView(ApiView):
     @extend_schema(
         operation_id="subscriptions_cancel",
         summary="Cancel a subscription",
-        description="Cancels now (`status=canceled`, nothing more is billed), or with `at_period_end` at the "
-        "end of the current period. 409 when the subscription is already canceled.",
+        description="Cancels now (`status=canceled`; the usage of metered items not billed yet, up to now, goes "
+        "on a final invoice charged by the next billing tick), or with `at_period_end` at the end of the current "
+        "period. 409 when the subscription is already canceled.",
         tags=["subscriptions"],
         parameters=[id_path_parameter("subscription")],
         request=s.SubscriptionCancel,

@@ -37,6 +37,9 @@ class Customer(TenantScoped):
     # The customer's current discount (docs/reference/discounts.md); its history is in billing.Discount.
     discount = models.ForeignKey("billing.Discount", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     metadata = models.JSONField(default=dict, blank=True)
+    # ``{meter id: ISO instant}``: this customer's usage of the meter before the instant has been billed by a
+    # change or an immediate cancel; later events timestamped before it are refused (docs/decisions/0170).
+    usage_billed_until = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -25,6 +25,9 @@ class SubscriptionItem(TenantScoped):
     price = models.ForeignKey("billing.Price", on_delete=models.PROTECT, related_name="+")
     quantity = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
+    # A metered item's usage before this instant is not its own to bill (null: no bound): it was billed by a
+    # change that re-priced the item, or the item was added then (docs/decisions/0170).
+    usage_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -39,7 +39,7 @@ from billing.events import invoice_event, ledger_entry_event
 from billing.lock_objects import customer_locked, subscription_qs_select_for_update
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
 from billing.periods import period_bounds
-from billing.queries import materialise_invoice
+from billing.queries import materialise_invoice, usage_hold_locked
 from billing.representations import iso, scheduled_change_data, subscription_data, subscription_item_data
 from billing.services.catalog import billing_now, check_items_agree
 from billing.services.catalog import cancel_subscription as catalog_cancel
@@ -58,7 +58,7 @@ from billing.services.lines import item_line, pending_for, period_description
 from billing.services.pausing import collection_paused
 from billing.services.payments import OutcomeKind, PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
-from billing.services.usage import usage_lines_for
+from billing.services.usage import final_usage_invoice_locked, usage_lines_for, usage_until_locked
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from outbox.services import emit_for
 
@@ -371,6 +371,9 @@ def change_subscription(
         sub = _subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
+        if coupon is not KEEP and items is not None and effective_at != PERIOD_END and _has_metered(sub):
+            # The usage billed below takes the ingest lock, which must come before the discount's customer lock.
+            usage_hold_locked()
         if coupon is not KEEP:
             set_subscription_discount_locked(sub, coupon, at=billing_now(sub.test_clock))
         if effective_at == PERIOD_END:
@@ -389,9 +392,11 @@ def change_subscription(
             sub.save(update_fields=["scheduled_items", "updated_at"])
         plan = plan_change(sub, items, proration_behavior=proration_behavior, proration_date=proration_date)
         now = billing_now(sub.test_clock)
+        cut = whole_seconds(now)
         previous = [subscription_item_data(item) for item in plan.before]
-        write_items_locked(sub, plan, now)
-        proration_items = _write_prorations(sub, plan, now)
+        usage_items = _write_usage_until(sub, _usage_ended(plan), cut, now)
+        write_items_locked(sub, plan, now, usage_since=cut)
+        proration_items = _write_prorations(sub, plan, now) + usage_items
         invoice = None
         if proration_behavior == ALWAYS_INVOICE and proration_items:
             invoice = _invoice_now(sub, plan, proration_items, now)
@@ -407,6 +412,47 @@ def change_subscription(
             invoice.refresh_from_db()
     sub.refresh_from_db()
     return sub, invoice
+
+
+def _has_metered(sub: Subscription) -> bool:
+    return sub.items.filter(price__usage_type=Price.METERED).exists()
+
+
+def _usage_ended(plan: ChangePlan) -> list[SubscriptionItem]:
+    """The metered items whose usage the change ends: removed, or given another price."""
+    after = {item.id: item for item in plan.after if item.id}
+    return [
+        item
+        for item in plan.before
+        if item.price.is_metered and (item.id not in after or after[item.id].price.id != item.price_id)
+    ]
+
+
+def _write_usage_until(
+    sub: Subscription, items: list[SubscriptionItem], at: datetime, now: datetime
+) -> list[InvoiceItem]:
+    """The usage of ``items`` up to ``at`` (:func:`billing.services.usage.usage_until_locked`) as pending invoice
+    items of ``sub``, billed by its next invoice (or the change's own, ``always_invoice``). docs/decisions/0170."""
+    pending = [
+        InvoiceItem(
+            tenant_id=sub.tenant_id,
+            livemode=sub.livemode,
+            customer_id=sub.customer_id,
+            subscription=sub,
+            amount=line.amount,
+            currency=line.currency,
+            description=line.description,
+            price_id=line.price_id,
+            quantity=line.quantity,
+            proration=False,
+            period_start=line.period_start,
+            period_end=line.period_end,
+            created_at=now,
+        )
+        for line in usage_until_locked(sub, items, at)
+    ]
+    InvoiceItem.objects.bulk_create(pending)
+    return pending
 
 
 def _refuse_restart(
@@ -498,7 +544,7 @@ def restart_cycle(
         previous_items = [subscription_item_data(item) for item in plan.before]
         previous_anchor = sub.billing_cycle_anchor
         sub.scheduled_items = None  # an immediate change replaces a scheduled one
-        write_items_locked(sub, plan, now)
+        write_items_locked(sub, plan, now, usage_since=at)
         _write_prorations(sub, plan, now)
         price = sub.price
         sub.billing_cycle_anchor = at
@@ -582,8 +628,8 @@ def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], 
         billing_reason=Invoice.UPDATE,
         change_key=change_key(plan),
         currency=sub.price.currency,
-        period_start=plan.at,
-        period_end=plan.period[1],
+        period_start=min([plan.at] + [item.period_start for item in items]),
+        period_end=plan.period[1] if plan.period else plan.at,
         subtotal=amount,
         total=amount,
         amount_due=max(amount, 0),
@@ -746,26 +792,37 @@ def cancel_subscription(
 
     One ledger entry per item, reason ``proration_credit``, each ``quantity × amount × remaining / period``
     rounded once (:func:`billing.services.proration.prorate`), emitted as ``customer.credit_granted``; for an
-    item the period's invoice discounted, of what was paid (its line's amount less its discount). Raises
-    as the cancel does, and :class:`InvalidRequestError` for ``prorate`` with ``at_period_end`` (nothing is
-    unused at the period's end).
+    item the period's invoice discounted, of what was paid (its line's amount less its discount).
+    A cancel now (with or without ``prorate``) also bills the metered items' usage not billed yet, up to the
+    cancel's instant, on a final invoice finalised in the same transaction and charged by the reconciler
+    (:func:`billing.services.usage.usage_until_locked`, docs/decisions/0170). Raises as the cancel does, and
+    :class:`InvalidRequestError` for ``prorate`` with ``at_period_end`` (nothing is unused at the period's end).
     """
-    if not prorate:
-        return catalog_cancel(
-            tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id, at_period_end=at_period_end
-        )
     if at_period_end:
-        raise InvalidRequestError(
-            "prorate applies to a cancellation now, not at period end.", code="prorate_conflict", param="prorate"
+        if prorate:
+            raise InvalidRequestError(
+                "prorate applies to a cancellation now, not at period end.", code="prorate_conflict", param="prorate"
+            )
+        return catalog_cancel(
+            tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id, at_period_end=True
         )
     with transaction.atomic():
         sub = _subscription_locked(tenant_id, livemode, subscription_id)
-        plan = ChangePlan(sub, whole_seconds(billing_now(sub.test_clock)), [], [], None)
+        now = billing_now(sub.test_clock)
+        plan = ChangePlan(sub, whole_seconds(now), [], [], None)
+        usage = []
         if sub.status != Subscription.CANCELED:
             plan.before = list(sub.items.select_related("price").order_by("created_at", "id"))
             plan.period = invoiced_period(sub, plan.at)
-        credits = _paid_share([line for line in _prorations(plan) if line.amount < 0], sub, plan.period)
+            # Before any customer row is locked (the ingest lock's order, billing.queries.usage_barrier).
+            usage = usage_until_locked(sub, plan.before, plan.at)
+        credits = (
+            _paid_share([line for line in _prorations(plan) if line.amount < 0], sub, plan.period) if prorate else []
+        )
         canceled = catalog_cancel(tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id)
+        if usage:
+            window = (min(line.period_start for line in usage), plan.at)
+            final_usage_invoice_locked(canceled, usage, window, now, finalize=finalize_or_pend_locked)
         if credits:
             customer = customer_locked(sub.customer_id)
             for line in credits:

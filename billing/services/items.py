@@ -24,9 +24,12 @@ class ItemAfter:
     quantity: int
 
 
-def write_items_locked(sub: Subscription, plan, now: datetime) -> None:
+def write_items_locked(sub: Subscription, plan, now: datetime, *, usage_since: datetime | None = None) -> None:
     """Make ``sub``'s items (subscription locked) ``plan.after`` (a :class:`~billing.services.changes.ChangePlan`,
-    ``plan.before`` the items now): delete, re-price or re-quantify, create; ``sub.price`` = the first item's."""
+    ``plan.before`` the items now): delete, re-price or re-quantify, create; ``sub.price`` = the first item's.
+
+    ``usage_since``: the instant up to which a change billed the usage of the items it re-prices, which is also
+    where a new item's usage starts (set on those items; docs/decisions/0170)."""
     kept = {item.id for item in plan.after if item.id}
     SubscriptionItem.objects.filter(subscription=sub).exclude(pk__in=kept).delete()
     current = {item.id: item for item in plan.before}
@@ -39,9 +42,15 @@ def write_items_locked(sub: Subscription, plan, now: datetime) -> None:
                 price=item.price,
                 quantity=item.quantity,
                 created_at=now,
+                usage_since=usage_since,
             )
-        elif (current[item.id].price_id, current[item.id].quantity) != (item.price.id, item.quantity):
-            SubscriptionItem.objects.filter(pk=item.id).update(price=item.price, quantity=item.quantity)
+        elif current[item.id].price_id != item.price.id:
+            fields = {"price": item.price, "quantity": item.quantity}
+            if usage_since is not None:
+                fields["usage_since"] = usage_since
+            SubscriptionItem.objects.filter(pk=item.id).update(**fields)
+        elif current[item.id].quantity != item.quantity:
+            SubscriptionItem.objects.filter(pk=item.id).update(quantity=item.quantity)
     first = plan.after[0].price
     if sub.price_id != first.id:
         sub.price = first
