@@ -23,7 +23,7 @@ Figures, each at ``HARDCOUNT_BILLING_CONCURRENCY`` 1 and 8 (``--concurrency``), 
 The SQL limit: the same number of minimal single-row close transactions (claim one due
 subscription with ``FOR UPDATE SKIP LOCKED``, insert its invoice, advance its period; commit)
 in plain SQL from 1 and from 4 connections (processes), on the same book. Every figure is
-printed as a ratio to the 4-connection limit, and the run ends with the issue's targets.
+printed as a ratio to the 4-connection limit, and the run ends with the targets it is held to.
 
 ``--profile MODE:CONCURRENCY`` samples that run with py-spy (every thread, 100 Hz) and prints
 where the time goes, by our own function and by library; the raw samples stay in
