@@ -34,6 +34,7 @@ from __future__ import annotations
 from django.db.models import Model, QuerySet
 
 from billing.models import Customer, Invoice, PaymentAttempt, Refund, Subscription
+from hardcount.errors import NotFoundError
 
 
 def subscription_qs_select_for_update(*, skip_locked: bool = False) -> QuerySet[Subscription]:
@@ -78,6 +79,38 @@ def subscription_locked(subscription_id: str) -> Subscription:
 def customer_locked(customer_id: str) -> Customer:
     """The customer, locked (the ledger's balance row). Raises ``Customer.DoesNotExist``."""
     return customer_qs_select_for_update().get(pk=customer_id)
+
+
+def callers_subscription_locked(tenant_id: str, livemode: bool, subscription_id: str) -> Subscription:
+    """The caller's (tenant and mode) subscription, locked, with its price and test clock read beside it.
+
+    Raises :class:`~hardcount.errors.NotFoundError` (``param="id"``) for one that is not the caller's.
+    """
+    sub = (
+        subscription_qs_select_for_update()
+        .select_related("price", "test_clock")
+        .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
+        .first()
+    )
+    if sub is None:
+        raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+    return sub
+
+
+def callers_customer_locked(tenant_id: str, livemode: bool, customer_id: str) -> Customer:
+    """The caller's (tenant and mode) customer, locked, with its test clock read beside it.
+
+    Raises :class:`~hardcount.errors.NotFoundError` (``param="id"``) for one that is not the caller's.
+    """
+    customer = (
+        customer_qs_select_for_update()
+        .select_related("test_clock")
+        .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
+        .first()
+    )
+    if customer is None:
+        raise NotFoundError(f"No such customer: '{customer_id}'.", param="id")
+    return customer
 
 
 def subscription_and_invoice_locked(

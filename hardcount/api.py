@@ -47,7 +47,7 @@ from rest_framework.views import APIView
 
 from hardcount import idempotency, ratelimit, tenancy
 from hardcount.auth import ApiKeyAuthentication
-from hardcount.errors import InvalidParameters, MalformedRequest, PayloadTooLarge, ResourceMissing
+from hardcount.errors import InvalidParameters, MalformedRequest, PayloadTooLarge, ResourceMissing, storable_text
 from hardcount.ids import PREFIXES
 
 DEFAULT_LIMIT = 10
@@ -99,12 +99,9 @@ class JsonOnlyNegotiation(BaseContentNegotiation):
 
 
 def _check_text(field: serializers.Field, value: str) -> None:
-    if "\x00" in value:
-        raise serializers.ValidationError("Must not contain NUL characters.", code="invalid")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise serializers.ValidationError("Must be valid Unicode text.", code="invalid") from exc
+    if not storable_text(value):
+        message = "Must not contain NUL characters." if "\x00" in value else "Must be valid Unicode text."
+        raise serializers.ValidationError(message, code="invalid")
 
 
 # Documented on every free-text field: PostgreSQL text and jsonb cannot hold NUL characters.

@@ -36,7 +36,7 @@ from typing import NoReturn
 from django.db import connection, transaction
 
 from billing.events import invoice_event, ledger_entry_event
-from billing.lock_objects import customer_locked, subscription_qs_select_for_update
+from billing.lock_objects import callers_subscription_locked, customer_locked
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice, usage_hold_locked
@@ -311,19 +311,6 @@ def change_key(plan: ChangePlan) -> str:
     return f"{plan.subscription.id}:change:{hashlib.sha256(body.encode()).hexdigest()[:32]}"
 
 
-def _subscription_locked(tenant_id: str, livemode: bool, subscription_id: str) -> Subscription:
-    """The caller's subscription under its row lock, with its price and test clock; raises :class:`NotFoundError`."""
-    sub = (
-        subscription_qs_select_for_update()
-        .select_related("price", "test_clock")
-        .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
-        .first()
-    )
-    if sub is None:
-        raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
-    return sub
-
-
 def change_subscription(
     *,
     tenant_id: str,
@@ -368,7 +355,7 @@ def change_subscription(
             effective_at=effective_at,
         )
     with transaction.atomic():
-        sub = _subscription_locked(tenant_id, livemode, subscription_id)
+        sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
         if coupon is not KEEP and items is not None and effective_at != PERIOD_END and _has_metered(sub):
@@ -530,7 +517,7 @@ def restart_cycle(
             param="proration_date",
         )
     with transaction.atomic():
-        sub = _subscription_locked(tenant_id, livemode, subscription_id)
+        sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
             raise StateConflictError(f"Subscription '{sub.id}' is canceled.", code="subscription_canceled")
         now = billing_now(sub.test_clock)
@@ -807,7 +794,7 @@ def cancel_subscription(
             tenant_id=tenant_id, livemode=livemode, subscription_id=subscription_id, at_period_end=True
         )
     with transaction.atomic():
-        sub = _subscription_locked(tenant_id, livemode, subscription_id)
+        sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         now = billing_now(sub.test_clock)
         plan = ChangePlan(sub, whole_seconds(now), [], [], None)
         usage = []

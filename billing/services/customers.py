@@ -11,12 +11,11 @@ from __future__ import annotations
 from django.db import transaction
 
 from billing.events import customer_event
-from billing.lock_objects import customer_qs_select_for_update
+from billing.lock_objects import callers_customer_locked
 from billing.models import Customer
 from billing.services.catalog import billing_now
 from billing.services.discounts import KEEP, apply_to_customer_locked, end_customer_discount_locked
 from dunning import services as dunning_services
-from hardcount.errors import NotFoundError
 
 UPDATABLE_FIELDS = ("email", "name", "external_id", "default_payment_method", "metadata")
 
@@ -37,14 +36,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
     if unknown:
         raise TypeError(f"cannot update customer fields {sorted(unknown)}")
     with transaction.atomic():
-        customer = (
-            customer_qs_select_for_update()
-            .select_related("test_clock")
-            .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
-            .first()
-        )
-        if customer is None:
-            raise NotFoundError(f"No such customer: '{customer_id}'.", param="id")
+        customer = callers_customer_locked(tenant_id, livemode, customer_id)
         if coupon is not KEEP:
             at = billing_now(customer.test_clock)
             if coupon is None:

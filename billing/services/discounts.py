@@ -33,7 +33,11 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from billing.events import coupon_event, discount_event
-from billing.lock_objects import customer_qs_select_for_update, subscription_qs_select_for_update
+from billing.lock_objects import (
+    callers_customer_locked,
+    callers_subscription_locked,
+    customer_qs_select_for_update,
+)
 from billing.models import Coupon, Customer, Discount, Invoice, InvoiceLineItem, Subscription, TestClock
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
@@ -296,7 +300,7 @@ def set_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str, c
     One transaction; raises :class:`NotFoundError` (customer, coupon) and as :func:`redeem_locked`.
     """
     with transaction.atomic():
-        customer = _customer_locked(tenant_id, livemode, customer_id)
+        customer = callers_customer_locked(tenant_id, livemode, customer_id)
         at = _now(customer.test_clock)
         if coupon_id is None:
             end_customer_discount_locked(customer, at=at)
@@ -319,14 +323,7 @@ def set_subscription_discount(
 ) -> Subscription:
     """As :func:`set_customer_discount`, for a subscription's own discount."""
     with transaction.atomic():
-        sub = (
-            subscription_qs_select_for_update()
-            .select_related("price", "test_clock")
-            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
-            .first()
-        )
-        if sub is None:
-            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         set_subscription_discount_locked(sub, coupon_id, at=_now(sub.test_clock))
     return sub
 
@@ -346,7 +343,7 @@ def set_subscription_discount_locked(sub: Subscription, coupon_id: str | None, *
 def delete_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str) -> Discount:
     """``DELETE /v1/customers/{id}/discount``: the deleted discount. :class:`NotFoundError` when there is none."""
     with transaction.atomic():
-        customer = _customer_locked(tenant_id, livemode, customer_id)
+        customer = callers_customer_locked(tenant_id, livemode, customer_id)
         if customer.discount_id is None:
             raise NotFoundError(f"Customer '{customer_id}' has no discount.", param="id")
         return end_customer_discount_locked(customer, at=_now(customer.test_clock))
@@ -355,32 +352,13 @@ def delete_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str
 def delete_subscription_discount(*, tenant_id: str, livemode: bool, subscription_id: str) -> Discount:
     """``DELETE /v1/subscriptions/{id}/discount``: the deleted discount. :class:`NotFoundError` when there is none."""
     with transaction.atomic():
-        sub = (
-            subscription_qs_select_for_update()
-            .select_related("test_clock")
-            .filter(tenant_id=tenant_id, livemode=livemode, pk=subscription_id)
-            .first()
-        )
-        if sub is None:
-            raise NotFoundError(f"No such subscription: '{subscription_id}'.", param="id")
+        sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         if sub.discount_id is None:
             raise NotFoundError(f"Subscription '{subscription_id}' has no discount.", param="id")
         discount = _end_locked(sub.discount_id, at=_now(sub.test_clock))
         sub.discount = None
         sub.save(update_fields=["discount", "updated_at"])
     return discount
-
-
-def _customer_locked(tenant_id: str, livemode: bool, customer_id: str) -> Customer:
-    customer = (
-        customer_qs_select_for_update()
-        .select_related("test_clock")
-        .filter(tenant_id=tenant_id, livemode=livemode, pk=customer_id)
-        .first()
-    )
-    if customer is None:
-        raise NotFoundError(f"No such customer: '{customer_id}'.", param="id")
-    return customer
 
 
 # ---------------------------------------------------------------------------------------
