@@ -52,8 +52,8 @@ from billing.services.payments import (
     billing_time,
     charging,
     clear_failure_state,
-    is_current_period,
     needs_no_charge,
+    period_advances,
     record_outcome,
     reserve_attempt_locked,
     save_failure_locked,
@@ -483,7 +483,7 @@ def mark_finalized(invoice: Invoice, *, number: int, now: datetime) -> None:
 
 def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
     """The period advances without a charge; the reconciler finalises and charges the draft later."""
-    if is_current_period(sub, invoice):
+    if period_advances(sub, invoice):
         advance_period_locked(sub, invoice)
         clear_failure_state(sub)
         if sub.status == Subscription.TRIALING:

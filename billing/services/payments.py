@@ -497,6 +497,14 @@ def is_current_period(subscription: Subscription, invoice: Invoice) -> bool:
     return start == invoice.period_start
 
 
+def period_advances(subscription: Subscription, invoice: Invoice) -> bool:
+    """True when recording ``invoice``'s outcome moves the subscription past its period: the invoice bills
+    the current period (:func:`is_current_period`) and the subscription was not canceled meanwhile. A cancel
+    can land between a close's charge and its record (it waits for no charge); the canceled subscription
+    keeps ``next_billing_at`` null and its period as the cancel left them, whatever the charge answered."""
+    return subscription.status != Subscription.CANCELED and is_current_period(subscription, invoice)
+
+
 def advance_period_locked(subscription: Subscription, invoice: Invoice) -> None:
     """Move the subscription past the invoice's period: ``next_billing_at`` = the next period's start."""
     subscription.current_period_start = invoice.period_start
@@ -533,7 +541,7 @@ def paid_changes(subscription: Subscription, invoice: Invoice, *, other_open_inv
     ``subscription.updated``). The current period advances and the failure state clears; ``trialing``,
     or ``past_due`` with no ``other_open_invoices``, becomes ``active``."""
     changed = False
-    if is_current_period(subscription, invoice):
+    if period_advances(subscription, invoice):
         advance_period_locked(subscription, invoice)
         clear_failure_state(subscription)
         changed = True
@@ -552,7 +560,7 @@ def act_on_declined_locked(
     ``past_due``, and the dunning run of the invoice (a declined invoice gets dunning,
     docs/reference/dunning.md#dunning-runs)."""
     if subscription is not None:
-        advanced = is_current_period(subscription, invoice)
+        advanced = period_advances(subscription, invoice)
         if advanced:
             advance_period_locked(subscription, invoice)
             clear_failure_state(subscription)
@@ -565,7 +573,11 @@ def act_on_declined_locked(
             subscription_event(subscription, "subscription.past_due", created_at=now)
         if advanced:
             subscription_event(subscription, "subscription.updated", created_at=now)
-    dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
+    run = dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
+    if subscription is not None and subscription.status == Subscription.CANCELED:
+        # A cancel that landed while this charge was in flight: nothing more is collected, as for a run of a
+        # subscription canceled later (the dunning pass's subscription_canceled end).
+        dunning_services.subscription_canceled_locked(run.id, at=now)
 
 
 def act_on_pending_locked(subscription: Subscription | None, invoice: Invoice, *, now: datetime) -> None:
@@ -575,7 +587,7 @@ def act_on_pending_locked(subscription: Subscription | None, invoice: Invoice, *
     subscription's status stays and nothing goes on the retry ladder or to dunning: the payment
     was not refused, it is not finished (docs/reference/payments.md).
     """
-    if subscription is None or not is_current_period(subscription, invoice):
+    if subscription is None or not period_advances(subscription, invoice):
         return
     advance_period_locked(subscription, invoice)
     clear_failure_state(subscription)
@@ -737,7 +749,7 @@ def record_outcome(
         else:
             error = f"{result.outcome}: {result.error_message}"
             outcome = Outcome(OutcomeKind.FAILED, invoice.id, error=error)
-            if save_failure and subscription is not None and is_current_period(subscription, invoice):
+            if save_failure and subscription is not None and period_advances(subscription, invoice):
                 outcome.failure_number, _parked = save_failure_locked(subscription, error=error, fresh=fresh_ladder)
                 outcome.saved = not subscription.test_clock_id
         if invoice_fields:

@@ -15,6 +15,15 @@ FROM billing_subscription s JOIN billing_invoice i ON i.subscription_id = s.id
 WHERE s.status IN ('active', 'trialing') AND i.status = 'open'
   AND EXISTS (SELECT 1 FROM billing_paymentattempt a WHERE a.invoice_id = i.id AND a.outcome = 'declined');
 
+-- name: canceled_subscription_bills_nothing
+-- A canceled subscription has ended and is never due again: ended_at set, next_billing_at null (a charge recorded
+-- after a racing cancel leaves both as the cancel wrote them, docs/reference/billing.md#cancelling).
+SELECT id AS ref,
+       CASE WHEN ended_at IS NULL THEN 'canceled without ended_at'
+            ELSE 'canceled but next_billing_at ' || next_billing_at END AS detail
+FROM billing_subscription
+WHERE status = 'canceled' AND (ended_at IS NULL OR next_billing_at IS NOT NULL);
+
 -- name: parked_subscription_has_eight_failures
 -- A parked subscription (billing_parked_at set) has failed at least 8 times in a row.
 SELECT id AS ref, 'parked at ' || billing_parked_at || ' after ' || billing_failure_count || ' failures'

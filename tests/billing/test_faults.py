@@ -14,7 +14,7 @@ from billing.services.drain import drain_due, reconcile
 from billing.services.invoices import pay_invoice
 from billing.services.ledger import grant_credit
 from hardcount.times import database_now
-from tests.billing.conftest import DECLINING_CARD, age_payment_attempts
+from tests.billing.conftest import DECLINING_CARD, VISA, age_payment_attempts
 
 
 class Killed(BaseException):
@@ -218,3 +218,31 @@ def test_an_invoice_over_the_gateways_eight_digits_is_refused_there_and_waits_on
     assert (attempt.outcome, attempt.http_status) == ("error", 400)
     assert "99,999,999" in attempt.error_message
     assert sub.billing_failure_count == 1 and sub.next_billing_attempt_at is not None
+
+
+@pytest.mark.parametrize(("card", "concurrency"), [(VISA, 1), (VISA, 4), (DECLINING_CARD, 1)])
+def test_a_cancel_landing_between_the_charge_and_its_record_leaves_the_subscription_canceled(
+    book, tenant, monkeypatch, card, concurrency
+):
+    from billing.services.catalog import cancel_subscription
+    from dunning.models import DunningRun
+    from outbox.models import Event
+
+    sub = book.subscribed(tenant, card=card)
+
+    def cancel(*args):
+        cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=sub.id)
+
+    monkeypatch.setattr(close_module.hooks, "after_charge", cancel)
+    run = _drain(tenant, concurrency=concurrency)
+
+    invoice = Invoice.objects.get(subscription=sub)
+    sub.refresh_from_db()
+    assert (run.billed, run.failed) == (1, 0)
+    assert invoice.status == ("paid" if card != DECLINING_CARD else "open")
+    assert (sub.status, sub.next_billing_at, sub.periods_billed) == ("canceled", None, 0)
+    assert (sub.billing_failure_count, sub.next_billing_attempt_at) == (0, None)
+    runs = list(DunningRun.objects.filter(invoice=invoice).values_list("status", "end_reason"))
+    assert runs == ([] if card == VISA else [("ended", "subscription_canceled")])
+    types = list(Event.objects.filter(data__id=sub.id).order_by("sequence").values_list("type", flat=True))
+    assert types[types.index("subscription.canceled") + 1 :] == []  # nothing about it after the cancel

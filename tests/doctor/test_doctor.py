@@ -565,6 +565,12 @@ def test_active_subscription_with_a_declined_invoice_is_found(world, db):
 # ------------------------------------------------------------------ billing failure state
 
 
+def test_canceled_subscription_still_due_is_found(world, db):
+    Subscription.objects.filter(pk=world.sub).update(status="canceled", ended_at=timezone.now())
+    found = assert_only({"canceled_subscription_bills_nothing": [world.sub]})
+    assert "canceled but next_billing_at" in found["canceled_subscription_bills_nothing"].examples[0]
+
+
 def test_parked_subscription_with_fewer_than_eight_failures_is_found(world, db):
     Subscription.objects.filter(pk=world.parked).update(billing_failure_count=7)
     assert_only({"parked_subscription_has_eight_failures": [world.parked]})
