@@ -38,6 +38,7 @@ from django.db import connection, transaction
 from billing.events import invoice_event, ledger_entry_event
 from billing.lock_objects import callers_subscription_locked, customer_locked
 from billing.models import Invoice, InvoiceItem, InvoiceLineItem, Price, Subscription, SubscriptionItem
+from billing.models.subscriptions import PauseBehavior
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice, usage_hold_locked
 from billing.representations import iso, scheduled_change_data, subscription_data, subscription_item_data
@@ -55,7 +56,7 @@ from billing.services.invoices import InvoiceStateError, pay_invoice
 from billing.services.items import ItemAfter, scheduled_items, write_items_locked
 from billing.services.ledger import credit_proration_locked, set_balance_applied
 from billing.services.lines import item_line, pending_for, period_description
-from billing.services.pausing import collection_paused
+from billing.services.pausing import collection_paused, settle_paused_draft_locked
 from billing.services.payments import OutcomeKind, PaymentInFlight
 from billing.services.proration import prorate, remaining_share, whole_seconds
 from billing.services.usage import final_usage_invoice_locked, usage_lines_for, usage_until_locked
@@ -639,6 +640,11 @@ def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], 
         lines.append(line)
     InvoiceLineItem.objects.bulk_create(lines)
     invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
+    if collection_paused(sub, now=now):
+        # Collection is paused: the change's invoice is settled as the pause's behavior settles a period's (Stripe
+        # applies pause_collection to every invoice the subscription makes meanwhile), so nothing charges it.
+        settle_paused_draft_locked(invoice, PauseBehavior(sub.pause_collection_behavior), now=now)
+        return invoice
     finalize_or_pend_locked(invoice, now=now, lines=lines)
     return invoice
 

@@ -231,7 +231,7 @@ def _invoice_paused_period(
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
         inserted = materialise_period_invoice(sub, start, end, now, sweep=False)
         if inserted is not None:
-            _apply_behavior(inserted[0], PauseBehavior(sub.pause_collection_behavior), now=now)
+            settle_paused_draft_locked(inserted[0], PauseBehavior(sub.pause_collection_behavior), now=now)
             invoice = inserted[0]
         else:
             # The period's invoice was written before the pause (a close that crashed after its first
@@ -248,8 +248,9 @@ def _invoice_paused_period(
         return sub.periods_billed
 
 
-def _apply_behavior(invoice: Invoice, behavior: PauseBehavior, *, now: datetime) -> None:
-    """Settle a just-created draft (locked by its insert) as ``behavior`` says, with its events."""
+def settle_paused_draft_locked(invoice: Invoice, behavior: PauseBehavior, *, now: datetime) -> None:
+    """Settle a just-created draft (locked by its insert) as ``behavior`` says, with its events: every invoice made
+    while collection is paused (a paused period's, or an ``always_invoice`` change's) is settled so, never charged."""
     if behavior == PauseBehavior.VOID:
         invoice.status = Invoice.VOID
         invoice.voided_at = now
@@ -338,5 +339,6 @@ __all__ = [
     "invoice_paused_periods",
     "next_resume_at",
     "resume_due",
+    "settle_paused_draft_locked",
     "update_pause_collection",
 ]

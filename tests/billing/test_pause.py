@@ -481,3 +481,44 @@ def test_a_period_marked_uncollectible_while_paused_records_the_discounted_debt(
         750,
     )
     assert [line.discount_amount for line in february.lines.all()] == [250]
+
+
+@pytest.mark.parametrize("behavior", [*sorted(EXPECTED), ""])
+def test_an_always_invoice_change_while_paused_is_settled_by_the_behavior_and_never_charged(
+    book, tenant, stripe_proxy, behavior
+):
+    # Mid-January, 1,000 a month moves to 2,000 with always_invoice while collection is paused: the change's own
+    # invoice (the net proration, about half of the 1,000 difference) is settled as a paused period's would be,
+    # and nothing reaches the gateway. Without the pause it is charged at once (the negative control below).
+    from billing.models import SubscriptionItem
+    from billing.services.catalog import create_price
+    from billing.services.changes import change_subscription
+
+    clock = make_clock(tenant, START)
+    sub = subscribe(book, clock)
+    clock = advance(clock, START + DAY)
+    clock = advance(clock, datetime(2027, 1, 16, 21, tzinfo=UTC))
+    pricier = create_price(tenant_id=tenant.id, livemode=False, amount=2000, currency="usd", interval="month")
+    (item,) = SubscriptionItem.objects.filter(subscription=sub)
+    if behavior:
+        _pause(sub, behavior)
+    stripe_proxy.clear()
+
+    _sub, invoice = change_subscription(
+        tenant_id=sub.tenant_id,
+        livemode=False,
+        subscription_id=sub.id,
+        items=[{"id": item.id, "price": pricier.id}],
+        proration_behavior="always_invoice",
+    )
+
+    invoice.refresh_from_db()
+    assert (invoice.billing_reason, invoice.total) == ("subscription_update", 500)  # 1,000 × 15.5 / 31 days
+    if behavior:
+        status, numbered = EXPECTED[behavior]
+        assert (invoice.status, invoice.number is not None, invoice.amount_paid) == (status, numbered, 0)
+        assert not PaymentAttempt.objects.filter(invoice=invoice).exists()
+        assert stripe_proxy.entries(CHARGES) == []
+    else:
+        assert (invoice.status, invoice.amount_paid) == ("paid", 500)
+        assert len(stripe_proxy.entries(CHARGES, "forwarded")) == 1
