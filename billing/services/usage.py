@@ -556,7 +556,8 @@ def _clock_times_shared(clock_ids: set[str]) -> dict[str, datetime]:
 def _shape(index: int, raw) -> dict | EventResult:
     """An event's fields checked on their own: ``{"event_name", "payload", "timestamp" (or None), "identifier"}``."""
     identifier = raw.get("identifier") if isinstance(raw, dict) else None
-    identifier = identifier if isinstance(identifier, str) else None
+    # Echoed in the batch's results: text that cannot be stored cannot be rendered back either (a lone surrogate).
+    identifier = identifier if isinstance(identifier, str) and storable_text(identifier) else None
 
     def refused(code: str, message: str, param: str) -> EventResult:
         return EventResult(index, identifier, "refused", {"code": code, "message": message, "param": param})
@@ -567,8 +568,10 @@ def _shape(index: int, raw) -> dict | EventResult:
     if unknown:
         return refused("parameter_unknown", "Unknown parameter.", unknown[0])
     name = raw.get("event_name")
-    if not isinstance(name, str) or not 1 <= len(name) <= 100:
-        return refused("parameter_invalid", "event_name must be a string of 1 to 100 characters.", "event_name")
+    if not isinstance(name, str) or not 1 <= len(name) <= 100 or not storable_text(name):
+        return refused(
+            "parameter_invalid", "event_name must be a string of 1 to 100 characters (no NUL).", "event_name"
+        )
     payload = raw.get("payload")
     if isinstance(payload, dict):
         payload = {k: _json_integer(v) for k, v in payload.items()}
@@ -589,8 +592,14 @@ def _shape(index: int, raw) -> dict | EventResult:
             "payload must be an object of up to 50 string or integer values (text without NUL characters).",
             "payload",
         )
-    if "identifier" in raw and (not isinstance(raw["identifier"], str) or not 1 <= len(raw["identifier"]) <= 100):
-        return refused("parameter_invalid", "identifier must be a string of 1 to 100 characters.", "identifier")
+    if "identifier" in raw and (
+        not isinstance(raw["identifier"], str)
+        or not 1 <= len(raw["identifier"]) <= 100
+        or not storable_text(raw["identifier"])
+    ):
+        return refused(
+            "parameter_invalid", "identifier must be a string of 1 to 100 characters (no NUL).", "identifier"
+        )
     timestamp = None
     if raw.get("timestamp") is not None:
         timestamp = _timestamp(raw["timestamp"])
@@ -621,9 +630,10 @@ def _timestamp(value) -> datetime | None:
     if isinstance(value, str):
         try:
             parsed = isoparse(value)
+            # An offset can carry a valid local time out of datetime's range (9999-12-31T23:59:59-14:00).
+            return parsed.astimezone(UTC) if parsed.tzinfo else None
         except (ValueError, OverflowError):
             return None
-        return parsed.astimezone(UTC) if parsed.tzinfo else None
     return None
 
 

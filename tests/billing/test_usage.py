@@ -790,15 +790,29 @@ def test_a_mixed_subscription_changed_mid_period_prorates_the_licensed_item_and_
     assert june.total == 9000
 
 
-@pytest.mark.parametrize("payload_extra", [{"note": "a\x00b"}, {"\x00": "x"}, {"note": "\ud800"}])
-def test_text_jsonb_cannot_hold_is_a_4xx_for_one_event_and_refuses_only_that_event_in_a_batch(
-    book, acme, payload_extra
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"payload": {"note": "a\x00b"}}, "payload"),
+        ({"payload": {"\x00": "x"}}, "payload"),
+        ({"payload": {"note": "\ud800"}}, "payload"),
+        ({"identifier": "x\x00"}, "identifier"),
+        ({"identifier": "\ud800"}, "identifier"),
+        ({"event_name": "api\x00calls"}, "event_name"),
+        ({"event_name": "\ud800"}, "event_name"),
+        ({"timestamp": "9999-12-31T23:59:59-14:00"}, "timestamp"),  # past datetime's range once in UTC
+        ({"timestamp": "0001-01-01T00:00:00+14:00"}, "timestamp"),
+    ],
+)
+def test_what_text_jsonb_or_a_datetime_cannot_hold_is_a_4xx_for_one_event_and_refuses_only_that_event_in_a_batch(
+    book, acme, change, param
 ):
     tenant = acme.tenant
     customer = book.customer(tenant)
     _meter(tenant)
     api = Api(acme.test)
-    bad = {"event_name": "api_calls", "payload": {"stripe_customer_id": customer.id, "value": 1, **payload_extra}}
+    bad = {"event_name": "api_calls", "payload": {"stripe_customer_id": customer.id, "value": 1}}
+    bad = {**bad, **change, "payload": {**bad["payload"], **change.get("payload", {})}}
 
     status, body = api.post("/v1/billing/meter_events", bad)
     assert status in (400, 422), body
@@ -806,7 +820,7 @@ def test_text_jsonb_cannot_hold_is_a_4xx_for_one_event_and_refuses_only_that_eve
 
     assert status == 200, body
     assert [(r["status"], r.get("error") and r["error"]["param"]) for r in body["data"]] == [
-        ("refused", "payload"),
+        ("refused", param),
         ("accepted", None),
     ]
     assert list(MeterEvent.objects.filter(tenant=tenant).values_list("value", flat=True)) == [2]
