@@ -31,7 +31,7 @@ from billing import gateway as gw
 from billing import vault
 from billing.models import GatewayAccount
 from hardcount import audit, tenancy
-from hardcount.errors import InvalidRequestError, business_rule_codes
+from hardcount.errors import InvalidRequestError, business_rule_codes, storable_text
 from hardcount.times import iso
 
 PLATFORM_SLUG = "platform"
@@ -87,8 +87,8 @@ def webhook_account(slug: str) -> WebhookAccount | None:
             tenant_id=None,
             livemode=_platform_livemode(),
         )
-    if not slug or len(slug) > 64:
-        return None
+    if not slug or len(slug) > 64 or not storable_text(slug):
+        return None  # a NUL (or a lone surrogate) names no stored account, and the query could not send it
     with tenancy.cross_tenant():
         account = GatewayAccount.objects.filter(slug=slug).first()
     if account is None or not account.webhook_secret:

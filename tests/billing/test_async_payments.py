@@ -362,6 +362,9 @@ def test_a_stale_timestamp_is_400_and_writes_nothing(book, tenant, stripe_proxy,
 def test_an_unknown_account_or_no_secret_is_404(book, tenant, settings):
     event = _event("payment_intent.succeeded", {"id": "pi_x", "object": "payment_intent", "status": "succeeded"})
     assert _post(event, slug="acct_nobody").status_code == 404
+    for slug in ("%00", "acct%00x", "%ED%A0%80"):  # a NUL, a lone surrogate's bytes: no account, not a 500
+        response = _post(event, slug=slug)
+        assert (response.status_code, response.json()["error"]["code"]) == (404, "resource_missing"), slug
     settings.STRIPE_WEBHOOK_SECRET = ""
     response = _post(event)
     assert response.status_code == 404 and response.json()["error"]["code"] == "resource_missing"
