@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError, connection, transaction
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
 from hardcount.metrics import metrics_providers, reported, role_intervals
@@ -51,12 +52,16 @@ def role_health(lease: LeaseStatus | None, interval_s: float | None) -> dict:
     }
 
 
+# csrf_exempt: these read-only probes take no cookie session, and a POST gets require_GET's 405 (with Allow)
+# rather than the CSRF check's 403 HTML page.
+@csrf_exempt
 @require_GET
 def live(request):
     """200 ``{"status": "ok"}``: the process is up. Touches nothing."""
     return JsonResponse({"status": "ok"})
 
 
+@csrf_exempt
 @require_GET
 def ready(request):
     """200 with each role's lease when the database answers (within 2 s); 503 otherwise."""

@@ -47,6 +47,8 @@ from typing import Protocol
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
 from django.http import HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET
 from django.utils.module_loading import import_string
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -277,6 +279,8 @@ def metrics_registry(*, close_connection: bool = False) -> CollectorRegistry:
         return _registry
 
 
+@csrf_exempt  # as the health probes (hardcount.health): a POST is a 405, not the CSRF check's 403 page
+@require_GET
 def metrics_view(request):
     """``GET /metrics``: :func:`metrics_registry` in Prometheus's text format."""
     return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -52,6 +52,18 @@ def test_live_answers_200_without_touching_anything(client):
     assert response.json() == {"status": "ok"}
 
 
+@pytest.mark.parametrize("path", ["/health/live", "/health/ready", "/metrics"])
+def test_a_write_to_a_probe_is_a_405_naming_get_not_a_csrf_page(db, path):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)  # as a browser or a scraper without a session would meet it
+    for method in (client.post, client.put, client.delete):
+        response = method(path)
+        assert (response.status_code, response["Allow"]) == (405, "GET"), (method, path)
+        assert b"CSRF" not in response.content
+    assert client.get(path).status_code in (200, 503)
+
+
 def test_ready_lists_each_roles_holder_token_stamp_and_staleness(client):
     leases.acquire("billing", "host:1:aaaa", ttl_s=10)
     set_stamp("billing", 30)  # interval 1 h: fresh
