@@ -52,7 +52,9 @@ class RequestLimitsMiddleware:
     ``request_header_fields_too_large`` (a header field over ``HARDCOUNT_MAX_HEADER_BYTES``,
     ``param`` naming it, or more than ``HARDCOUNT_MAX_HEADERS`` fields); 400 ``invalid_header``
     (a control character in a header value, ``param`` naming the header). Fields are counted
-    as the server hands them over (repeated fields may arrive joined into one).
+    as the server hands them over (repeated fields may arrive joined into one). A path holding a
+    NUL (``%00``) names nothing stored (no column can hold one): 404 ``resource_missing``, before
+    a view puts it in a query (the admin's object pages would fail there with a 500).
     """
 
     def __init__(self, get_response):
@@ -68,6 +70,8 @@ class RequestLimitsMiddleware:
         refusal = self.refusal(request.META, request.get_full_path)
         if refusal is not None:
             return self._respond(*refusal)
+        if "\x00" in request.path_info:
+            return self._respond(404, INVALID_REQUEST, "resource_missing", "No such resource.", None)
         return self.get_response(request)
 
     def refusal(self, meta, full_path) -> tuple[int, str, str, str, str | None] | None:

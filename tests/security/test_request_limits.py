@@ -204,3 +204,22 @@ def test_gunicorn_still_serves_ordinary_requests(gunicorn):
     assert status == 401 and content_type.startswith("application/json")
     assert json.loads(body)["error"]["type"] == "authentication_error"
     assert raw_request(gunicorn, _get(b"/health/live"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/billing/invoice/%00/change/",
+        "/admin/billing/customer/cus_%00/change/",
+        "/admin/outbox/event/%00/change/",
+        "/admin/hardcount/tenant/%00/change/",
+        "/v1/customers/%00",
+    ],
+)
+def test_a_nul_in_the_path_is_a_json_404_even_for_a_logged_in_operator(db, path):
+    from django.contrib.auth.models import User
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("nul-path-operator", "op@example.com", "pw-for-tests-only"))
+    response = client.get(path)
+    _assert_error(response.status_code, response["Content-Type"], response.content, 404, "resource_missing")
