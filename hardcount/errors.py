@@ -211,20 +211,20 @@ class StateConflictError(ServiceError):
     default_code = "state_conflict"
 
 
-def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, str, str]:
+def first_validation_error(detail: Any, path: str = "") -> tuple[str | None, str, str]:
     """Walk DRF's nested ``ValidationError.detail`` to its first leaf: ``(param, code, message)``."""
     if isinstance(detail, dict):
         for key, value in detail.items():
             if key == "non_field_errors":
-                return _first_validation_error(value, path)
-            return _first_validation_error(value, f"{path}.{key}" if path else str(key))
+                return first_validation_error(value, path)
+            return first_validation_error(value, f"{path}.{key}" if path else str(key))
     if isinstance(detail, list):
         if not detail:
             return path or None, "parameter_invalid", "A parameter is invalid."
         first = detail[0]
         if isinstance(first, (dict, list)):
-            return _first_validation_error(first, f"{path}.0" if path and isinstance(first, dict) else path)
-        return _first_validation_error(first, path)
+            return first_validation_error(first, f"{path}.0" if path and isinstance(first, dict) else path)
+        return first_validation_error(first, path)
     code = getattr(detail, "code", None) or "invalid"
     message = str(detail)
     param = path or None
@@ -271,7 +271,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         headers = {"WWW-Authenticate": 'Bearer realm="hardcount"'} if exc.status_code == 401 else None
         return _render(exc.status_code, exc.body(), headers)
     if isinstance(exc, exceptions.ValidationError):
-        param, code, message = _first_validation_error(exc.detail)
+        param, code, message = first_validation_error(exc.detail)
         return _render(422, error_body(INVALID_REQUEST, code, message, param))
     if isinstance(exc, exceptions.ParseError):
         return _render(400, error_body(INVALID_REQUEST, "malformed_json", str(exc.detail)))

@@ -21,7 +21,7 @@ from billing.representations import customer_data, invoice_data, price_data, sub
 from billing.services import catalog, changes, discounts, pausing
 from billing.services.discounts import KEEP
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
-from hardcount.errors import InvalidRequestError, business_rule_codes
+from hardcount.errors import InvalidRequestError, business_rule_codes, first_validation_error
 
 
 class CustomerListView(ApiView):
@@ -348,7 +348,7 @@ def _proposed_items(raw: str) -> list[dict]:
         raise InvalidRequestError("items must be a JSON array.", code="items_invalid", param="items") from exc
     body = s.SubscriptionUpdate(data={"items": parsed})
     if not body.is_valid():
-        raise InvalidRequestError(
-            f"items: {body.errors.get('items', body.errors)}", code="items_invalid", param="items"
-        )
+        # The first fault, named as in a body (items.0.price); the code stays the parameter's own.
+        param, _code, message = first_validation_error(body.errors)
+        raise InvalidRequestError(message, code="items_invalid", param=param or "items")
     return body.validated_data["items"]

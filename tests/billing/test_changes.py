@@ -512,3 +512,23 @@ def test_the_migration_gives_earlier_prorations_back_the_inputs_the_change_recor
     migration.backfill(apps, None)
 
     assert list(InvoiceItem.objects.filter(subscription=sub).order_by("id").values_list(*fields)) == recorded
+
+
+@pytest.mark.parametrize(
+    ("items", "param", "message"),
+    [
+        ("not json", "items", "items must be a JSON array."),
+        ('[{"id": "ITEM", "bogus": 1}]', "items.0.bogus", "items.0.bogus: Unknown parameter."),
+        ('[{"id": "ITEM", "quantity": -1}]', "items.0.quantity", None),
+    ],
+)
+def test_a_preview_with_bad_proposed_items_names_the_offending_field_as_a_body_would(book, acme, items, param, message):
+    sub = book.subscribed(acme.tenant)
+    status, body = Api(acme.test).get(
+        "/v1/invoices/upcoming", {"subscription": sub.id, "items": items.replace("ITEM", _item(sub).id)}
+    )
+    assert status == 422, body
+    assert (body["error"]["code"], body["error"]["param"]) == ("items_invalid", param)
+    assert "ErrorDetail" not in body["error"]["message"] and body["error"]["message"].startswith(param)
+    if message:
+        assert body["error"]["message"] == message
