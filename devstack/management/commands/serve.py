@@ -530,7 +530,9 @@ def banner_commands(base_url: str, test_key: str) -> list[str]:
         r"""| field id)""",
         r"""PRICE=$(post prices '{"amount": 2000, "currency": "usd", "interval": "month"}' | field id)""",
         r'SUB=$(post subscriptions "{\"customer\": \"$CUS\", \"price\": \"$PRICE\"}" | field id)',
-        r'echo "$CUS $PRICE $SUB"; sleep 15',
+        r'echo "$CUS $PRICE $SUB"',
+        r"""for _ in $(seq 60); do curl -sS "$API/invoices?subscription=$SUB" -H "$AUTH" """
+        r"""| grep -q '"status":"paid"' && break; sleep 1; done""",
         r'curl -sS "$API/subscriptions/$SUB" -H "$AUTH" | field status             # active',
         r'curl -sS "$API/invoices?subscription=$SUB" -H "$AUTH"; echo              # one invoice, "status": "paid"',
     ]
