@@ -141,3 +141,71 @@ def test_one_shard_is_the_single_billing_role_and_more_are_one_role_each(setting
     with pytest.raises(ImproperlyConfigured):
         configured_roles(["billing:3"])
     assert BillingRole().name == "billing:0"
+
+
+def test_a_shards_fence_guards_only_that_shards_drain(book):
+    """A leader deposed from billing:0 writes nothing of shard 0; its live billing:1 lease still bills shard 1 (the
+    control: the refusal is the lost shard's own lease, not the process)."""
+    from hardcount.fencing import LeaseLost
+    from leases import services as leases
+    from tests.leases.helpers import expire
+
+    first, second = tenants_on_two_shards(book)
+    book.subscribed(first)
+    second_sub = book.subscribed(second)
+    stale_0 = leases.try_acquire("billing:0", "stale:1:aaaa")
+    live_1 = leases.try_acquire("billing:1", "stale:1:aaaa")
+    expire("billing:0")
+    assert leases.try_acquire("billing:0", "successor:2:bbbb") is not None
+
+    with pytest.raises(LeaseLost):
+        drain_due(livemode=False, trigger="scheduler", shard=Shard(0, 2), fence=stale_0)
+    assert not BillingRun.objects.exists()
+    assert not Invoice.objects.exists()
+
+    run = drain_due(livemode=False, trigger="scheduler", shard=Shard(1, 2), fence=live_1)
+    assert (run.billed, run.lease_role, run.lease_token) == (1, "billing:1", live_1.token)
+    assert list(Invoice.objects.values_list("subscription_id", flat=True)) == [second_sub.id]
+    for lease in (stale_0, live_1):
+        lease.close()
+
+
+def test_health_and_metrics_report_each_shard(book, client, settings):
+    from billing.metrics import BillingMetrics
+    from leases import services as leases
+
+    settings.HARDCOUNT_ROLES = ["billing.loops.BillingRole"]
+    settings.HARDCOUNT_BILLING_SHARDS = 2
+    first, second = tenants_on_two_shards(book)
+    for _ in range(3):
+        book.subscribed(first)
+    book.subscribed(second)
+    leases.acquire("billing:1", "host:1:aaaa", ttl_s=10)
+
+    families = {f.name: f for f in BillingMetrics().collect()}
+    due = {
+        (s.labels["mode"], s.labels["shard"]): s.value
+        for s in families["hardcount_billing_shard_due_subscriptions"].samples
+    }
+    assert due == {
+        ("test", "billing:0"): 3,
+        ("test", "billing:1"): 1,
+        ("live", "billing:0"): 0,
+        ("live", "billing:1"): 0,
+    }
+    oldest = families["hardcount_billing_shard_oldest_due_age_seconds"].samples
+    assert {(s.labels["mode"], s.labels["shard"]) for s in oldest if s.value > 3000} == {
+        ("test", "billing:0"),
+        ("test", "billing:1"),
+    }  # due an hour ago (the book's anchor)
+
+    ready = client.get("/health/ready").json()
+    assert ready["billing"]["shards"] == {
+        "count": 2,
+        "due_subscriptions": {"billing:0": {"live": 0, "test": 3}, "billing:1": {"live": 0, "test": 1}},
+    }
+    assert {role: entry["held"] for role, entry in ready["roles"].items()} == {"billing:0": False, "billing:1": True}
+    metrics = client.get("/metrics").content.decode()
+    assert 'hardcount_leader_is_leader{role="billing:0"} 0.0' in metrics
+    assert 'hardcount_leader_is_leader{role="billing:1"} 1.0' in metrics
+    leases.release("billing:1", "host:1:aaaa", 1)
