@@ -209,3 +209,25 @@ def test_health_and_metrics_report_each_shard(book, client, settings):
     assert 'hardcount_leader_is_leader{role="billing:0"} 0.0' in metrics
     assert 'hardcount_leader_is_leader{role="billing:1"} 1.0' in metrics
     leases.release("billing:1", "host:1:aaaa", 1)
+
+
+def test_billing_runs_over_the_api_name_their_shard(book, settings):
+    from tests.api.conftest import Api, make_keys
+    from tests.billing.conftest import wait_for_manual_runs
+
+    settings.HARDCOUNT_BILLING_SHARDS = 2
+    acme = make_keys("Acme")
+    book.subscribed(acme.tenant)
+    expected = f"billing:{shard_of(acme.tenant.id, 2)}"
+    api = Api(acme.test)
+
+    status, manual = api.post("/v1/billing/run", {})
+    assert (status, manual["shard"]) == (200, expected)
+    wait_for_manual_runs()
+    book.subscribed(acme.tenant)
+    scheduler_run = drain_due(livemode=False, trigger="scheduler", shard=Shard(shard_of(acme.tenant.id, 2), 2))
+    assert scheduler_run.billed == 1
+
+    status, listed = api.get("/v1/billing/runs")
+    assert status == 200
+    assert {(r["trigger"], r["shard"]) for r in listed["data"]} == {("manual", expected), ("scheduler", expected)}
