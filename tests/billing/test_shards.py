@@ -143,13 +143,14 @@ def test_one_shard_is_the_single_billing_role_and_more_are_one_role_each(setting
     assert BillingRole().name == "billing:0"
 
 
-def test_a_shards_fence_guards_only_that_shards_drain(book):
+def test_a_shards_fence_guards_only_that_shards_drain(book, settings):
     """A leader deposed from billing:0 writes nothing of shard 0; its live billing:1 lease still bills shard 1 (the
     control: the refusal is the lost shard's own lease, not the process)."""
     from hardcount.fencing import LeaseLost
     from leases import services as leases
     from tests.leases.helpers import expire
 
+    settings.HARDCOUNT_BILLING_SHARDS = 2  # as the leaders run, for the doctor's sweep after the test
     first, second = tenants_on_two_shards(book)
     book.subscribed(first)
     second_sub = book.subscribed(second)
@@ -231,3 +232,28 @@ def test_billing_runs_over_the_api_name_their_shard(book, settings):
     status, listed = api.get("/v1/billing/runs")
     assert status == 200
     assert {(r["trigger"], r["shard"]) for r in listed["data"]} == {("manual", expected), ("scheduler", expected)}
+
+
+def test_the_doctor_finds_a_shard_run_that_billed_another_shards_tenant(book, settings, no_doctor):
+    from leases import services as leases
+    from ops.doctor import run_checks
+
+    settings.HARDCOUNT_BILLING_SHARDS = 2
+    first, _ = tenants_on_two_shards(book)
+    book.subscribed(first)
+    fence = leases.try_acquire("billing:0", "host:1:aaaa")
+    run = drain_due(livemode=False, trigger="scheduler", shard=Shard(0, 2), fence=fence)
+    fence.close()
+
+    def found():
+        (result,) = run_checks(names=["scheduler_run_bills_only_its_shard"])
+        return result
+
+    assert (found().status, run.billed) == ("ok", 1)
+    # The same attempt recorded as shard 1's (under billing:1's current token): its tenant is shard 0's.
+    other = leases.try_acquire("billing:1", "host:1:aaaa")
+    BillingRun.objects.filter(pk=run.pk).update(lease_role="billing:1", lease_token=other.token)
+    other.close()
+    result = found()
+    assert (result.status, result.violations) == ("fail", 1)
+    assert "which is in shard 0 of 2" in result.examples[0]

@@ -30,7 +30,8 @@ SHARDS = ("billing:0", "billing:1")
 
 
 @pytest.fixture
-def shard_replicas(transactional_db, stripe_proxy):
+def shard_replicas(transactional_db, stripe_proxy, settings):
+    settings.HARDCOUNT_BILLING_SHARDS = 2  # the doctor's sweep reads shards as the replicas do
     started: list[SchedulerProcess] = []
 
     def start(count: int, **env: str) -> list[SchedulerProcess]:
