@@ -54,7 +54,10 @@ class TickFailed(Exception):
 @runtime_checkable
 class Role(Protocol):
     """A singleton loop: ``name`` (the lease's role), ``interval_s`` (seconds between the end of
-    one tick and the start of the next) and ``tick(ctx)``, which returns counts to log (or None)."""
+    one tick and the start of the next) and ``tick(ctx)``, which returns counts to log (or None).
+
+    An optional ``family`` (a string) makes roles of the same family spread over the replicas
+    (:mod:`hardcount.scheduler.ticker`); roles without one are taken by whichever replica polls first."""
 
     name: str
 
