@@ -231,17 +231,19 @@ def _start_run(
     shard: Shard | None = None,
 ) -> BillingRun:
     # A sharded run names its shard's lease; a single shard's is blank, as before shards.
-    role = shard.lease_role if shard is not None and shard.count > 1 else ""
+    sharded = shard is not None and shard.count > 1
+    role = shard.lease_role if sharded else ""
+    # Only the lease holder runs scheduler drains: an older one still "running" died. A shard supersedes its own,
+    # and shard 0 also the single leader's (left by a switch to shards); a single shard every one, as before.
+    superseded = Q()
+    if sharded:
+        superseded = Q(lease_role=role) | Q(lease_role="") if shard.runs_singletons else Q(lease_role=role)
     with transaction.atomic():
         fence.check()
         now = database_now()
         if trigger == BillingRun.Trigger.SCHEDULER:
-            # Only the lease holder runs scheduler drains: an older one of its shard still "running" died.
             BillingRun.objects.filter(
-                trigger=BillingRun.Trigger.SCHEDULER,
-                livemode=livemode,
-                status=BillingRun.Status.RUNNING,
-                lease_role=role,
+                superseded, trigger=BillingRun.Trigger.SCHEDULER, livemode=livemode, status=BillingRun.Status.RUNNING
             ).update(status=BillingRun.Status.ABANDONED, finished_at=now, error="superseded: its process stopped")
         return BillingRun.objects.create(
             trigger=trigger,

@@ -117,9 +117,21 @@ def test_a_shards_new_run_supersedes_only_its_own_shards_running_run(book):
         lease_role="billing:1",
     )  # fmt: skip
 
-    drain_due(livemode=False, trigger="scheduler", shard=Shard(0, 2))
+    single = BillingRun.objects.create(
+        trigger="scheduler", livemode=False, as_of="2026-01-01T00:00Z", started_at="2026-01-01T00:00Z",
+    )  # fmt: skip
 
+    drain_due(livemode=False, trigger="scheduler", shard=Shard(1, 2))
+    assert BillingRun.objects.get(pk=other.pk).status == "abandoned"  # shard 1's own
+    assert BillingRun.objects.get(pk=stale.pk).status == "running"  # shard 0's leader may still be at it
+    assert BillingRun.objects.get(pk=single.pk).status == "running"
+    other = BillingRun.objects.filter(lease_role="billing:1", status="completed").get()
+    BillingRun.objects.filter(pk=other.pk).update(status="running")
+
+    drain_due(livemode=False, trigger="scheduler", shard=Shard(0, 2))
     assert BillingRun.objects.get(pk=stale.pk).status == "abandoned"
+    # Left by the single leader before the switch to shards: shard 0 ends it.
+    assert BillingRun.objects.get(pk=single.pk).status == "abandoned"
     assert BillingRun.objects.get(pk=other.pk).status == "running"  # shard 1's leader is still at it
     BillingRun.objects.filter(pk=other.pk).update(status="abandoned")
 
