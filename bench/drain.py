@@ -25,6 +25,13 @@ subscription with ``FOR UPDATE SKIP LOCKED``, insert its invoice, advance its pe
 in plain SQL from 1 and from 4 connections (processes), on the same book. Every figure is
 printed as a ratio to the 4-connection limit, and the run ends with the targets it is held to.
 
+``--shards 1 2`` measures billing shards instead (docs/decisions/0194-billing-shards.md): a book of
+``--subscriptions`` spread over ``--shard-tenants`` tenants, half of them in each of two shards, billed
+by one process per shard (forked, each one scheduler drain of its shard, ``drain_due(shard=…)``, under
+gateway (a) at ``--concurrency``'s first value), for each count given; the wall time is the slowest
+process's. Each figure is printed beside the first count's (the peer: ``--shards 1 2`` compares one
+process with two on the same book).
+
 ``--profile MODE:CONCURRENCY`` samples that run with py-spy (every thread, 100 Hz) and prints
 where the time goes, by our own function and by library; the raw samples stay in
 ``var/bench/``. Databases ``bench_drain_*`` are dropped at the end.
@@ -55,6 +62,7 @@ EMPTY_DB = "bench_drain_empty"
 BOOK_DB = "bench_drain_book"
 SMALL_BOOK_DB = "bench_drain_book_small"
 RUN_DB = "bench_drain_run"
+SHARD_BOOK_DB = "bench_drain_book_sharded"
 MODE_NAMES = {
     "a": "(a) instant stub, in-process",
     "b": "(b) stripe library -> localstripe",
@@ -134,7 +142,8 @@ def _drop_all() -> None:
     from django.db import connections
 
     connections.close_all()
-    _admin(*(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)' for name in (RUN_DB, BOOK_DB, SMALL_BOOK_DB, EMPTY_DB)))
+    names = (RUN_DB, BOOK_DB, SMALL_BOOK_DB, SHARD_BOOK_DB, EMPTY_DB)
+    _admin(*(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)' for name in names))
 
 
 # --- the SQL limit ---------------------------------------------------------------------------------------------------
@@ -466,6 +475,120 @@ def _proc_stat(pid: int) -> list[str]:
     return [str(pid), "comm", *text.rsplit(")", 1)[1].split()]
 
 
+# --- shards ----------------------------------------------------------------------------------------------------------
+
+
+def _make_sharded_book(name: str, subscriptions: int, tenants: int, seed: int) -> int:
+    """Clone the empty database into ``name``: ``tenants`` tenants, half in each of two shards, sharing
+    ``subscriptions`` demo subscriptions evenly; returns how many are due."""
+    from billing.shards import shard_of
+    from devstack.seed import seed_demo_book
+    from hardcount.models import Tenant
+
+    _clone(EMPTY_DB, name)
+    _use_database(name)
+    per_shard = {0: 0, 1: 0}
+    due = 0
+    while sum(per_shard.values()) < tenants:
+        tenant = Tenant.objects.create(name=f"Bench {sum(per_shard.values())}")
+        shard = shard_of(tenant.id, 2)
+        if per_shard[shard] >= tenants // 2:
+            tenant.delete()
+            continue
+        per_shard[shard] += 1
+        due += seed_demo_book(
+            tenant_id=tenant.id,
+            subscriptions=subscriptions // tenants,
+            seed=seed + sum(per_shard.values()),
+            webhook_url="http://127.0.0.1:1/receiver",
+        ).due
+    _use_database("postgres")
+    return due
+
+
+def _shard_worker(index: int, count: int, concurrency: int, go, results) -> None:
+    from django.db import connections
+
+    from billing.services.drain import drain_due
+    from billing.shards import Shard
+
+    connections.close_all()  # the parent's connection is not this process's
+    _use_database(RUN_DB)
+    _install_gateway(StubGateway())
+    go.wait()
+    started = time.perf_counter()
+    run = drain_due(
+        livemode=False, trigger="scheduler", shard=Shard(index, count), page_size=100, concurrency=concurrency
+    )
+    results.put((index, run.attempted, time.perf_counter() - started))
+    connections.close_all()
+
+
+def run_shards(count: int, concurrency: int) -> tuple[int, float, list[float], float]:
+    """Bill a fresh clone of the sharded book with one forked process per shard of ``count``.
+
+    Returns (subscriptions attempted, wall seconds of the slowest process, each process's seconds,
+    PostgreSQL's CPU seconds over the run).
+    """
+    from django.db import connections
+
+    _clone(SHARD_BOOK_DB, RUN_DB)
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.Queue()
+    workers = [
+        context.Process(target=_shard_worker, args=(index, count, concurrency, go, results)) for index in range(count)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.0)  # every process set up before the clock starts
+    server = ServerCpu()
+    server_started = server.seconds()
+    started = time.perf_counter()
+    go.set()
+    done = [results.get() for _ in workers]
+    elapsed = time.perf_counter() - started
+    for worker in workers:
+        worker.join()
+    return sum(d[1] for d in done), elapsed, [d[2] for d in sorted(done)], server.seconds() - server_started
+
+
+def _shard_bench(args) -> None:
+    concurrency = args.concurrency[0]
+    try:
+        _prepare_empty()
+        started = time.perf_counter()
+        due = _make_sharded_book(SHARD_BOOK_DB, args.subscriptions, args.shard_tenants, args.seed)
+        print(
+            f"  seeded {args.subscriptions} subscriptions over {args.shard_tenants} tenants ({due} due) in "
+            f"{time.perf_counter() - started:.1f} s",
+            flush=True,
+        )
+        rows = []
+        for count in args.shards:
+            closes, seconds, each, server_cpu = run_shards(count, concurrency)
+            rows.append((count, closes, seconds, each, server_cpu))
+            print(
+                f"  {count} shard(s), {count} process(es), concurrency {concurrency}: {closes} closes in "
+                f"{seconds:.1f} s = {closes / seconds:.1f}/s (processes: {', '.join(f'{s:.1f} s' for s in each)})",
+                flush=True,
+            )
+    finally:
+        if not args.keep:
+            _drop_all()
+    print()
+    print(f"{'shards':>6} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x first':>8} {'PG ms':>6}")
+    base = rows[0][1] / rows[0][2] if rows else 0.0
+    for count, closes, seconds, _, server_cpu in rows:
+        rate = closes / seconds
+        print(
+            f"{count:>6} {closes:>6} {seconds:>8.1f} {rate:>8.1f} {rate / base:>8.2f} "
+            f"{1000 * server_cpu / max(1, closes):>6.1f}"
+        )
+    load = os.getloadavg()
+    print(f"{os.cpu_count()} CPUs; load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+
+
 # --- main ------------------------------------------------------------------------------------------------------------
 
 
@@ -479,11 +602,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="append", default=[], help="MODE:CONCURRENCY to sample with py-spy")
     parser.add_argument("--keep", action="store_true", help="keep the bench_drain_* databases")
+    parser.add_argument("--shards", type=int, nargs="+", help="measure these billing shard counts instead (e.g. 1 2)")
+    parser.add_argument("--shard-tenants", type=int, default=8, help="with --shards: tenants of the book (even)")
     args = parser.parse_args()
 
     import django
 
     django.setup()
+
+    if args.shards:
+        print(
+            f"Billing shards benchmark: {args.subscriptions} subscriptions over {args.shard_tenants} tenants "
+            f"(seed {args.seed}); {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+            flush=True,
+        )
+        _shard_bench(args)
+        return
 
     load = os.getloadavg()
     print(

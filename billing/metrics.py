@@ -12,6 +12,10 @@ Prometheus never disagree.
   ``state="waiting"`` (on the retry ladder) or ``"parked"``.
 - ``hardcount_billing_paused_subscriptions{mode}``: subscriptions of a billable status whose payment collection is
   paused (``pause_collection``), wall-clock and test-clock ones alike; the due gauge leaves their paused periods out.
+- ``hardcount_billing_shard_due_subscriptions{mode,shard}`` and
+  ``hardcount_billing_shard_oldest_due_age_seconds{mode,shard}``: the same two per billing shard (``shard`` is the
+  shard's lease role, ``billing`` or ``billing:<index>``, :mod:`billing.shards`), so a shard whose leader is stuck
+  shows apart from the others.
 - ``hardcount_billing_cycle_duration_seconds``: histogram of scheduler drains' durations (billing runs).
 - ``hardcount_billing_invoices_total{mode,outcome}``: subscriptions attempted by billing runs, by outcome
   (``billed``, ``declined``, ``tax_pending``, ``failed``, ``skipped``).
@@ -24,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from billing.models.subscriptions import BILLABLE_STATUSES
 from billing.queries import due_predicate
+from billing.shards import SHARD_OF_SQL, configured_count, lease_role
 
 MODES = {True: "live", False: "test"}
 # Buckets of the billing cycle histogram, in seconds (a drain of nothing is milliseconds; a
@@ -38,6 +43,15 @@ SELECT livemode, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_billing_
 FROM billing_subscription
 WHERE {_DUE}
 GROUP BY livemode
+"""
+
+# The same per mode and billing shard (billing.shards.SHARD_OF_SQL over the subscription's tenant; its %s is the count).
+DUE_SUBSCRIPTIONS_BY_SHARD = f"""
+SELECT livemode, {SHARD_OF_SQL.format(column="tenant_id")} AS shard, count(*),
+       COALESCE(EXTRACT(EPOCH FROM now() - min(next_billing_at)), 0)::float8
+FROM billing_subscription
+WHERE {_DUE}
+GROUP BY 1, 2
 """
 
 # Subscriptions of a billable status with a saved billing failure, per mode: waiting on the ladder, or parked.
@@ -65,6 +79,12 @@ GROUP BY livemode
 def due_by_mode() -> dict[bool, tuple[int, float]]:
     """``{livemode: (due count, oldest due age in seconds)}`` for the modes that have any (caller's transaction)."""
     return {row[0]: row[1:] for row in _rows(DUE_SUBSCRIPTIONS, _DUE_PARAMS)}
+
+
+def due_by_shard(count: int) -> dict[tuple[bool, int], tuple[int, float]]:
+    """``{(livemode, shard index): (due count, oldest due age in seconds)}`` among ``count`` shards, for those that have
+    any (caller's transaction)."""
+    return {(row[0], row[1]): row[2:] for row in _rows(DUE_SUBSCRIPTIONS_BY_SHARD, [count, *_DUE_PARAMS])}
 
 
 def failing_by_mode() -> dict[bool, tuple[int, int]]:
@@ -108,9 +128,11 @@ class BillingMetrics:
         return list(self._families().values())
 
     def collect(self) -> list[Metric]:
-        """The families filled from the database (five statements on the caller's connection and transaction)."""
+        """The families filled from the database (six statements on the caller's connection and transaction)."""
         families = self._families()
         due = due_by_mode()
+        shards = configured_count()
+        due_in_shards = due_by_shard(shards)
         failing = failing_by_mode()
         paused = paused_by_mode()
         cycle = _rows(CYCLE_DURATIONS)[0]
@@ -124,6 +146,10 @@ class BillingMetrics:
             families["failing"].add_metric([mode, "waiting"], waiting)
             families["failing"].add_metric([mode, "parked"], parked)
             families["paused"].add_metric([mode], paused.get(livemode, 0))
+            for index in range(shards):
+                count, oldest_age_s = due_in_shards.get((livemode, index), (0, 0.0))
+                families["shard_due"].add_metric([mode, lease_role(index, shards)], count)
+                families["shard_oldest_due"].add_metric([mode, lease_role(index, shards)], oldest_age_s)
 
         cumulative = cycle[: len(CYCLE_BUCKETS_S)]
         total, total_s = cycle[len(CYCLE_BUCKETS_S)], cycle[len(CYCLE_BUCKETS_S) + 1]
@@ -135,10 +161,22 @@ class BillingMetrics:
         return list(families.values())
 
     def readiness(self) -> dict:
-        """billing's part of ``/health/ready``: ``{"billing": {"paused_subscriptions": {"live": n, "test": n}}}``
-        (one statement on the caller's connection and transaction)."""
+        """billing's part of ``/health/ready``: ``{"billing": {"paused_subscriptions": {"live": n, "test": n},
+        "shards": {"count": n, "due_subscriptions": {<shard's lease role>: {"live": n, "test": n}}}}}``
+        (two statements on the caller's connection and transaction)."""
         paused = paused_by_mode()
-        return {"billing": {"paused_subscriptions": {mode: paused.get(lm, 0) for lm, mode in MODES.items()}}}
+        shards = configured_count()
+        due = due_by_shard(shards)
+        due_subscriptions = {
+            lease_role(index, shards): {mode: due.get((lm, index), (0, 0.0))[0] for lm, mode in MODES.items()}
+            for index in range(shards)
+        }
+        return {
+            "billing": {
+                "paused_subscriptions": {mode: paused.get(lm, 0) for lm, mode in MODES.items()},
+                "shards": {"count": shards, "due_subscriptions": due_subscriptions},
+            }
+        }
 
     @staticmethod
     def _families() -> dict[str, Metric]:
@@ -152,6 +190,16 @@ class BillingMetrics:
                 "hardcount_billing_oldest_due_age_seconds",
                 "How long the oldest due subscription has been due (0 when none is).",
                 labels=["mode"],
+            ),
+            "shard_due": GaugeMetricFamily(
+                "hardcount_billing_shard_due_subscriptions",
+                "Wall-clock subscriptions due for billing now in each billing shard (its lease role).",
+                labels=["mode", "shard"],
+            ),
+            "shard_oldest_due": GaugeMetricFamily(
+                "hardcount_billing_shard_oldest_due_age_seconds",
+                "How long the oldest due subscription of each billing shard has been due (0 when none is).",
+                labels=["mode", "shard"],
             ),
             "failing": GaugeMetricFamily(
                 "hardcount_billing_failing_subscriptions",

@@ -20,6 +20,7 @@ from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
 from billing.models import Subscription
+from billing.shards import Shard
 
 # docs/reference/billing.md: failure k (1..7) waits LADDER[k-1] after the failure; failure 8 parks.
 LADDER: tuple[timedelta, ...] = (
@@ -110,6 +111,19 @@ def due_condition(*, test_clock_id: str | None, as_of: datetime | None) -> RawSQ
     return RawSQL(*due_predicate(test_clock_id=test_clock_id, as_of=as_of), output_field=BooleanField())  # noqa: S611
 
 
+def shard_filter(shard: Shard | None) -> tuple[str, list[object]]:
+    """IN_SHARD: ``AND <the subscription's tenant is in shard>`` and its parameters, for a ``billing_subscription``
+    statement; ``("", [])`` without a shard or for a single one, which leaves the statement as it was before shards.
+
+    The one place the scheduler's billing work is split (:mod:`billing.shards`): the drain's claims (due and paused
+    periods) and its resumes of paused collection take it from here.
+    """
+    if shard is None:
+        return "", []
+    condition, params = shard.predicate("billing_subscription.tenant_id")
+    return (f"AND {condition}", params) if condition else ("", [])
+
+
 def claim_due_page(
     *,
     livemode: bool,
@@ -119,6 +133,7 @@ def claim_due_page(
     exclude: list[str],
     page_size: int,
     paused: bool = False,
+    shard: Shard | None = None,
 ) -> list[tuple[str, int]]:
     """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
 
@@ -130,10 +145,12 @@ def claim_due_page(
     each subscription and re-checks it is still due for the same period
     (:func:`lock_due_subscription`), and the invoice's unique index is the hard guard
     (docs/decisions/0010-drain-claims-and-parallel-closes.md). ``paused``: claim the due periods
-    whose collection is paused instead (:func:`due_predicate`).
+    whose collection is paused instead (:func:`due_predicate`). ``shard``: only the subscriptions of
+    its tenants (:func:`shard_filter`).
     """
     due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, paused=paused)
     tenant_filter = "AND tenant_id = %s" if tenant_id else ""
+    in_shard, shard_params = shard_filter(shard)
     sql = f"""
         WITH due AS (
             SELECT id, periods_billed, next_billing_at
@@ -142,14 +159,16 @@ def claim_due_page(
               AND {due}
               AND NOT (id = ANY(%s::text[]))
               {tenant_filter}
+              {in_shard}
             ORDER BY next_billing_at
             LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
         SELECT id, periods_billed FROM due ORDER BY next_billing_at
     """
+    params = [livemode, *due_params, exclude, *([tenant_id] if tenant_id else []), *shard_params, page_size]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [livemode, *due_params, exclude, *([tenant_id] if tenant_id else []), page_size])
+        cursor.execute(sql, params)
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 

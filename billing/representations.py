@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from billing import shards
 from billing.hosted import hosted_invoice_pdf_url, hosted_invoice_url
 from hardcount.times import iso
 
@@ -326,7 +327,17 @@ def billing_run_data(run, tenant_counts: dict[str, int] | None = None) -> dict[s
         "billed": counts["billed"],
         "failed": counts["failed"],
         "error": run.error or None,
+        "shard": billing_run_shard(run),
     }
+
+
+def billing_run_shard(run) -> str:
+    """The billing shard of a run, as its lease role: the shard a scheduler run drained (``billing`` or
+    ``billing:<index>``), or, for a tenant's run, the shard whose scheduler leader bills that tenant now."""
+    if run.tenant_id is None:
+        return run.lease_role if shards.parse_lease_role(run.lease_role) is not None else shards.FAMILY
+    count = shards.configured_count()
+    return shards.lease_role(shards.shard_of(run.tenant_id, count), count)
 
 
 def billing_attempt_data(attempt) -> dict[str, Any]:

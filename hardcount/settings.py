@@ -349,6 +349,9 @@ HARDCOUNT_PENDING_PAYMENT_POLL_S = _env_float("HARDCOUNT_PENDING_PAYMENT_POLL_S"
 HARDCOUNT_BILLING_INTERVAL_S = _env_float("HARDCOUNT_BILLING_INTERVAL_S", 3600)
 HARDCOUNT_BILLING_PAGE_SIZE = _env_int("HARDCOUNT_BILLING_PAGE_SIZE", 100)
 HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
+# The scheduler's billing splits into this many shards by tenant, each drained under its own lease (billing:0 …;
+# one shard keeps the single "billing" lease). docs/decisions/0194-billing-shards.md.
+HARDCOUNT_BILLING_SHARDS = _env_int("HARDCOUNT_BILLING_SHARDS", 1)
 # The drain's page close (billing.services.page): a page's plain closes share their two transactions.
 # 0 closes every subscription on its own (the reference path; docs/decisions/0016).
 HARDCOUNT_BILLING_PAGE_CLOSE = os.environ.get("HARDCOUNT_BILLING_PAGE_CLOSE", "1") != "0"
@@ -372,6 +375,9 @@ HARDCOUNT_LEASE_ABANDON_S = _env_float("HARDCOUNT_LEASE_ABANDON_S", 6)
 HARDCOUNT_RUN_SCHEDULER = _env_bool("HARDCOUNT_RUN_SCHEDULER", False)
 # How often a replica that does not hold a role looks whether its lease is free (seconds).
 HARDCOUNT_LEASE_POLL_S = _env_float("HARDCOUNT_LEASE_POLL_S", 0.5)
+# A replica already leading k roles of a family (the billing shards) takes a free lease of that family only
+# once it has seen it free for k times this long, so a replica leading fewer gets it first (seconds).
+HARDCOUNT_LEASE_SPREAD_S = _env_float("HARDCOUNT_LEASE_SPREAD_S", 10)
 # A fenced transaction left idle this long (e.g. its process SIGSTOPped) is ended by PostgreSQL,
 # so it cannot hold back a successor's takeover.
 HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S", 5)

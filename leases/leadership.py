@@ -28,6 +28,11 @@ class DatabaseLeaseStore:
         """The held :class:`~leases.services.LeaseFence`, or None (:func:`leases.services.try_acquire`)."""
         return services.try_acquire(role, holder, clock=clock)
 
+    def is_free(self, role: str, holder: str) -> bool:
+        """Whether ``holder`` could take ``role`` now, by the lock-free look of :func:`leases.services.peek`."""
+        seen = services.peek(role)
+        return seen is None or seen.free or seen.holder == holder
+
     def seconds_until_due(self, role: str, interval_s: float) -> float:
         """Seconds until the role's next tick, at least 0 (:func:`leases.services.seconds_until_due`)."""
         return services.seconds_until_due(role, interval_s)

@@ -33,6 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
+from billing import shards
 from hardcount.money import MINIMUM_CHARGE
 from ops import sql as named_sql
 
@@ -174,7 +175,9 @@ def run_checks(
     ``retention_prefix`` (the id time prefix of the oldest event whose deliveries are
     still kept: now minus ``retention_days``, default
     ``settings.HARDCOUNT_OUTBOX_RETENTION_DAYS`` or 30), and ``minimum_charge_currencies`` /
-    ``minimum_charge_amounts`` (:data:`hardcount.money.MINIMUM_CHARGE` as two parallel arrays).
+    ``minimum_charge_amounts`` (:data:`hardcount.money.MINIMUM_CHARGE` as two parallel arrays),
+    ``billing_shards`` (``HARDCOUNT_BILLING_SHARDS``) and ``tenant_ids`` / ``tenant_shards`` (every
+    tenant and its billing shard, :func:`billing.shards.shard_of`, as two parallel arrays).
 
     Runs in one transaction that is ``READ ONLY`` (and ``REPEATABLE READ`` when not nested in
     the caller's transaction) and always rolled back; a check that errors (e.g. the statement
@@ -198,7 +201,13 @@ def run_checks(
     with _read_only_cursor(using, statement_timeout_s=statement_timeout_s) as cursor:
         cursor.execute("SELECT (extract(epoch FROM now()) * 1000)::bigint")
         now_ms = cursor.fetchone()[0]
+        cursor.execute("SELECT id FROM hardcount_tenant ORDER BY id")
+        tenant_ids = [row[0] for row in cursor.fetchall()]
+        billing_shards = shards.configured_count()
         params = {
+            "billing_shards": billing_shards,
+            "tenant_ids": tenant_ids,
+            "tenant_shards": [shards.shard_of(tenant_id, billing_shards) for tenant_id in tenant_ids],
             "reaper_interval_s": float(reaper_interval_s),
             "unknown_after_s": float(unknown_after_s),
             "retention_prefix": _time_prefix(now_ms - int(retention_days * 86_400_000)),

@@ -129,6 +129,10 @@ class BillingRun(serializers.Serializer):
     )
     failed = serializers.IntegerField(help_text="Failed: the period did not advance.")
     error = serializers.CharField(allow_null=True)
+    shard = serializers.CharField(
+        help_text="The billing shard, as its lease role (`billing`, or `billing:<index>` when billing is sharded): "
+        "the one a scheduler run drained, or the one whose scheduler leader bills your subscriptions."
+    )
 
 
 class BillingAttempt(serializers.Serializer):

@@ -58,7 +58,8 @@ class BillingRun(models.Model):
     # a retry-billing, a test clock's advance).
     lease_token = models.BigIntegerField(null=True, blank=True)
     # The leader lease a manual run drains under in the background, ``manual:{tenant}:{mode}``
-    # (billing/services/manual_runs.py); blank for every other run (a scheduler run's is ``billing``).
+    # (billing/services/manual_runs.py), or a sharded scheduler run's shard lease, ``billing:<index>``
+    # (billing/shards.py); blank for every other run (an unsharded scheduler run's is ``billing``).
     lease_role = models.CharField(max_length=100, blank=True, default="")
 
     class Meta:

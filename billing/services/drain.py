@@ -52,6 +52,7 @@ from billing.services.payments import (
     send,
     settle_without_charge_locked,
 )
+from billing.shards import Shard
 from hardcount.errors import NotFoundError, StateConflictError
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.times import database_now
@@ -83,6 +84,7 @@ def drain_due(
     fence: Fence = NO_FENCE,
     on_page: Callable[[BillingRun], None] | None = None,
     run: BillingRun | None = None,
+    shard: Shard | None = None,
 ) -> BillingRun:
     """Bill every due subscription of one mode (optionally one tenant, or one test clock) and return the run.
 
@@ -98,7 +100,8 @@ def drain_due(
     ``running`` is returned as it is. Returns the :class:`BillingRun`
     (``completed``, or ``failed`` with ``error`` when a database error ended it). Raises
     :class:`LeaseLost` when the lease is lost: the run then stops writing at once and stays as
-    it was last written.
+    it was last written. ``shard``: only the subscriptions of its tenants (a scheduler drain of one
+    billing shard, :mod:`billing.shards`; its run records the shard's lease in ``lease_role``).
     """
     if trigger not in TRIGGERS:
         raise ValueError(f"trigger must be one of {TRIGGERS}")
@@ -121,6 +124,7 @@ def drain_due(
             test_clock_id=test_clock_id,
             as_of=as_of,
             fence=fence,
+            shard=shard,
         )
     else:
         carried_on = _carry_on(run, fence=fence, as_of=as_of)
@@ -133,7 +137,7 @@ def drain_due(
     # (docs/reference/billing.md#pausing-collection).
     try:
         pausing.collect_paused(
-            livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
+            livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence, shard=shard
         )
     except DatabaseError as exc:
         log.error("billing drain %s ended by a database error: %s", run.id, exc)
@@ -168,6 +172,7 @@ def drain_due(
                         as_of=as_of,
                         exclude=exclude,
                         page_size=page_size,
+                        shard=shard,
                     )
             except DatabaseError as exc:
                 log.error("billing drain %s ended by a database error: %s", run.id, exc)
@@ -223,14 +228,22 @@ def _start_run(
     test_clock_id: str | None,
     as_of: datetime | None,
     fence: Fence,
+    shard: Shard | None = None,
 ) -> BillingRun:
+    # A sharded run names its shard's lease; a single shard's is blank, as before shards.
+    sharded = shard is not None and shard.count > 1
+    role = shard.lease_role if sharded else ""
+    # Only the lease holder runs scheduler drains: an older one still "running" died. A shard supersedes its own,
+    # and shard 0 also the single leader's (left by a switch to shards); a single shard every one, as before.
+    superseded = Q()
+    if sharded:
+        superseded = Q(lease_role=role) | Q(lease_role="") if shard.runs_singletons else Q(lease_role=role)
     with transaction.atomic():
         fence.check()
         now = database_now()
         if trigger == BillingRun.Trigger.SCHEDULER:
-            # Only the lease holder runs scheduler drains: an older one still "running" died.
             BillingRun.objects.filter(
-                trigger=BillingRun.Trigger.SCHEDULER, livemode=livemode, status=BillingRun.Status.RUNNING
+                superseded, trigger=BillingRun.Trigger.SCHEDULER, livemode=livemode, status=BillingRun.Status.RUNNING
             ).update(status=BillingRun.Status.ABANDONED, finished_at=now, error="superseded: its process stopped")
         return BillingRun.objects.create(
             trigger=trigger,
@@ -240,6 +253,7 @@ def _start_run(
             as_of=as_of or now,
             started_at=now,
             lease_token=fence.token,
+            lease_role=role,
         )
 
 

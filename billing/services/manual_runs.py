@@ -171,7 +171,7 @@ def run_manual_drain(run_id: str) -> bool:
     if connection.in_atomic_block:
         raise RuntimeError("run_manual_drain must not run inside a transaction: each page commits on its own")
     run = BillingRun.objects.filter(pk=run_id).first()
-    if run is None or run.status != BillingRun.Status.RUNNING or not run.lease_role:
+    if not _background_manual(run):
         return False
     lease = _take_lease(run)
     if lease is None:
@@ -257,6 +257,20 @@ atexit.register(stop_manual_drains)
 # --- runs whose process died ------------------------------------------------------------------------------------------
 
 
+def _background_manual(run: BillingRun | None) -> bool:
+    """Whether ``run`` is a ``running`` manual run drained in the background under its own lease.
+
+    A sharded scheduler run records its shard's lease too (``billing:<index>``): it is the scheduler's to
+    carry on or supersede, never a manual drain's.
+    """
+    return (
+        run is not None
+        and run.trigger == BillingRun.Trigger.MANUAL
+        and run.status == BillingRun.Status.RUNNING
+        and bool(run.lease_role)
+    )
+
+
 def _held_roles(roles: set[str]) -> set[str]:
     """Which of ``roles`` some holder's lease holds right now (by the database's clock).
 
@@ -274,7 +288,7 @@ def resume_if_stalled(run: BillingRun) -> bool:
     polling a run whose process died heals it. The thread starts when the caller's transaction
     commits (at once outside one).
     """
-    if run.status != BillingRun.Status.RUNNING or not run.lease_role or _held_roles({run.lease_role}):
+    if not _background_manual(run) or _held_roles({run.lease_role}):
         return False
     transaction.on_commit(lambda: start_manual_drain(run.id))
     return True
@@ -286,7 +300,9 @@ def resume_stalled_manual_runs(*, livemode: bool | None = None) -> list[str]:
     The billing tick calls this: a run whose process died (SIGKILL, a recycled web worker) is
     picked up within one billing interval. Each is drained on a thread of this process.
     """
-    runs = BillingRun.objects.filter(status=BillingRun.Status.RUNNING).exclude(lease_role="")
+    runs = BillingRun.objects.filter(trigger=BillingRun.Trigger.MANUAL, status=BillingRun.Status.RUNNING).exclude(
+        lease_role=""
+    )
     if livemode is not None:
         runs = runs.filter(livemode=livemode)
     pending = dict(runs.values_list("id", "lease_role"))

@@ -30,13 +30,14 @@ from billing.lock_objects import customer_locked, subscription_qs_select_for_upd
 from billing.models import Invoice, Subscription
 from billing.models.subscriptions import PauseBehavior
 from billing.periods import period_bounds
-from billing.queries import claim_due_page, lock_due_subscription, next_invoice_number
+from billing.queries import claim_due_page, lock_due_subscription, next_invoice_number, shard_filter
 from billing.representations import iso, pause_collection_data, subscription_data
 from billing.services.catalog import billing_now
 from billing.services.close import cancel_at_period_end_locked, mark_finalized, materialise_period_invoice
 from billing.services.discounts import apply_discount_locked
 from billing.services.items import apply_scheduled_locked
 from billing.services.payments import advance_period_locked, billing_time, clear_failure_state
+from billing.shards import Shard
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.fencing import NO_FENCE, Fence
 from outbox import services as outbox_services
@@ -134,20 +135,20 @@ def collect_paused(
     test_clock_id: str | None = None,
     as_of: datetime | None = None,
     fence: Fence = NO_FENCE,
+    shard: Shard | None = None,
 ) -> tuple[int, int]:
     """The drain's pause step, before its claims: invoice the paused periods due, then resume the pauses whose
     ``resumes_at`` has come. Returns ``(periods invoiced, subscriptions resumed)``.
 
     Same scope as :func:`billing.services.drain.drain_due` (a mode, optionally one tenant, wall-clock
-    subscriptions or those of ``test_clock_id`` as of ``as_of``). The periods first: one that began
-    before ``resumes_at`` is a paused one even when the drain reaches it later.
+    subscriptions or those of ``test_clock_id`` as of ``as_of``, of ``shard``'s tenants when given). The periods
+    first: one that began before ``resumes_at`` is a paused one even when the drain reaches it later.
     """
     if not _anything_paused(livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id):
         return 0, 0
-    invoiced = invoice_paused_periods(
-        livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence
-    )
-    resumed = resume_due(livemode=livemode, tenant_id=tenant_id, test_clock_id=test_clock_id, as_of=as_of, fence=fence)
+    scope = {"livemode": livemode, "tenant_id": tenant_id, "test_clock_id": test_clock_id, "as_of": as_of}
+    invoiced = invoice_paused_periods(**scope, fence=fence, shard=shard)
+    resumed = resume_due(**scope, fence=fence, shard=shard)
     return invoiced, resumed
 
 
@@ -169,6 +170,7 @@ def invoice_paused_periods(
     test_clock_id: str | None = None,
     as_of: datetime | None = None,
     fence: Fence = NO_FENCE,
+    shard: Shard | None = None,
 ) -> int:
     """Write the invoice of every due period whose collection is paused, per its behavior, and advance it; no charge.
 
@@ -189,6 +191,7 @@ def invoice_paused_periods(
                 exclude=exclude,
                 page_size=PAGE_SIZE,
                 paused=True,
+                shard=shard,
             )
         if not page:
             return done
@@ -281,6 +284,7 @@ _RESUME_DUE = """
       AND pause_collection_resumes_at <= COALESCE(%s::timestamptz, now())
       AND {clock}
       {tenant}
+      {shard}
     ORDER BY id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
@@ -294,15 +298,24 @@ def resume_due(
     test_clock_id: str | None = None,
     as_of: datetime | None = None,
     fence: Fence = NO_FENCE,
+    shard: Shard | None = None,
 ) -> int:
     """Clear every pause whose ``resumes_at`` has come by ``as_of`` (None: the DB's now()); returns how many.
 
-    Wall-clock subscriptions (``test_clock_id`` None) or that clock's only. Each resume emits
+    Wall-clock subscriptions (``test_clock_id`` None) or that clock's only; of ``shard``'s tenants when given
+    (:func:`billing.queries.shard_filter`). Each resume emits
     ``subscription.resumed`` with ``previous_attributes.pause_collection``, dated by the billing time.
     """
     clock = "test_clock_id = %s" if test_clock_id else "test_clock_id IS NULL"
-    sql = _RESUME_DUE.format(clock=clock, tenant="AND tenant_id = %s" if tenant_id else "")
-    params = [livemode, as_of, *([test_clock_id] if test_clock_id else []), *([tenant_id] if tenant_id else [])]
+    in_shard, shard_params = shard_filter(shard)
+    sql = _RESUME_DUE.format(clock=clock, tenant="AND tenant_id = %s" if tenant_id else "", shard=in_shard)
+    params = [
+        livemode,
+        as_of,
+        *([test_clock_id] if test_clock_id else []),
+        *([tenant_id] if tenant_id else []),
+        *shard_params,
+    ]
     resumed = 0
     while True:
         with transaction.atomic(), outbox_services.deferred_events():

@@ -89,6 +89,9 @@ class LeaseStore(Protocol):
         Raises ``django.db.DatabaseError`` when the database cannot answer.
         """
 
+    def is_free(self, role: str, holder: str) -> bool:
+        """Whether ``holder`` could take ``role`` now (never held, released, expired, or its own), read lock-free."""
+
     def seconds_until_due(self, role: str, interval_s: float) -> float:
         """Seconds until ``role``'s next tick (its last completed tick + ``interval_s``), at least 0."""
 

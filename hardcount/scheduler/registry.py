@@ -5,12 +5,17 @@ leader lease (one replica at a time); a **service** is leaderless and runs in ev
 (the webhook delivery executor). Both come from settings — ``HARDCOUNT_ROLES`` and
 ``HARDCOUNT_SERVICES``, dotted paths of classes or objects — or from an app's
 ``AppConfig.ready()`` calling :func:`register_role` / :func:`register_service`.
+
+A settings entry may also name a **role group**: an object with ``roles()``, which stands for
+the roles it returns (billing's shards: one ``BillingRole`` entry is ``billing:0`` …
+``billing:{n-1}``). Roles that share a ``family`` attribute are spread over the replicas
+(:mod:`hardcount.scheduler.ticker`) and are selected together by the family's name.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,7 +54,10 @@ class TickFailed(Exception):
 @runtime_checkable
 class Role(Protocol):
     """A singleton loop: ``name`` (the lease's role), ``interval_s`` (seconds between the end of
-    one tick and the start of the next) and ``tick(ctx)``, which returns counts to log (or None)."""
+    one tick and the start of the next) and ``tick(ctx)``, which returns counts to log (or None).
+
+    An optional ``family`` (a string) makes roles of the same family spread over the replicas
+    (:mod:`hardcount.scheduler.ticker`); roles without one are taken by whichever replica polls first."""
 
     name: str
 
@@ -57,6 +65,13 @@ class Role(Protocol):
     def interval_s(self) -> float: ...
 
     def tick(self, ctx: TickContext) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class RoleGroup(Protocol):
+    """A settings entry that stands for several roles: ``roles()`` returns them (each a :class:`Role`)."""
+
+    def roles(self) -> Sequence[Role]: ...
 
 
 @runtime_checkable
@@ -118,13 +133,18 @@ def _load(path: str) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-def configured_roles(names: Iterable[str] | None = None) -> list[Role]:
-    """The roles of ``settings.HARDCOUNT_ROLES`` and :func:`register_role`, optionally only ``names``.
+def _expand(entry: Any) -> list[Any]:
+    return list(entry.roles()) if isinstance(entry, RoleGroup) else [entry]
 
-    Raises ``ImproperlyConfigured`` for an entry that cannot be imported, a duplicate name,
-    or a requested name no role has.
+
+def configured_roles(names: Iterable[str] | None = None) -> list[Role]:
+    """The roles of ``settings.HARDCOUNT_ROLES`` (groups expanded) and :func:`register_role`, optionally only ``names``.
+
+    A name selects the role of that name, or every role of the family of that name. Raises
+    ``ImproperlyConfigured`` for an entry that cannot be imported, a duplicate name, or a requested
+    name no role or family has.
     """
-    roles = [_load(path) for path in settings.HARDCOUNT_ROLES]
+    roles = [role for path in settings.HARDCOUNT_ROLES for role in _expand(_load(path))]
     with _lock:
         roles.extend(_registered_roles)
     seen: set[str] = set()
@@ -136,11 +156,13 @@ def configured_roles(names: Iterable[str] | None = None) -> list[Role]:
         seen.add(role.name)
     if names is None:
         return roles
-    wanted = list(names)
-    unknown = sorted(set(wanted) - seen)
+    wanted = set(names)
+    families = {family for role in roles if (family := getattr(role, "family", None))}
+    unknown = sorted(wanted - seen - families)
     if unknown:
-        raise ImproperlyConfigured(f"unknown scheduler role(s) {', '.join(unknown)}; known: {', '.join(sorted(seen))}")
-    return [role for role in roles if role.name in wanted]
+        known = ", ".join(sorted(seen | families))
+        raise ImproperlyConfigured(f"unknown scheduler role(s) {', '.join(unknown)}; known: {known}")
+    return [role for role in roles if role.name in wanted or getattr(role, "family", None) in wanted]
 
 
 def configured_services() -> list[Service]:

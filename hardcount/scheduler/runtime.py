@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from hardcount.logfmt import logfmt
 from hardcount.scheduler.leadership import lease_store
 from hardcount.scheduler.registry import Role, Service, configured_roles, configured_services
-from hardcount.scheduler.ticker import Ticker
+from hardcount.scheduler.ticker import Family, Ticker
 
 logger = logging.getLogger("hardcount.scheduler")
 
@@ -48,7 +48,12 @@ class Runtime:
         self.holder = holder or lease_store().new_holder_id()
         self.roles = list(configured_roles() if roles is None else roles)
         self.services = list(configured_services() if services is None else services)
-        self.tickers = [Ticker(role, self.holder, poll_s=poll_s) for role in self.roles]
+        families: dict[str, Family] = {}
+        self.tickers = []
+        for role in self.roles:
+            name = getattr(role, "family", None)
+            family = families.setdefault(name, Family(name)) if name else None
+            self.tickers.append(Ticker(role, self.holder, poll_s=poll_s, family=family))
         self._started_services: list[Service] = []
         self._started = False
 

@@ -8,6 +8,11 @@ the last completed tick (in the database) plus the role's interval, so a new lea
 its predecessor's cadence and resumes an interrupted tick at once. Between ticks it waits
 in short, interruptible steps, re-checking ``alive()``; when the lease is lost, abandoned
 or a stop is requested, it steps down and releases the lease.
+
+Roles of one **family** (``role.family``, e.g. the billing shards ``billing:0`` …) spread over
+the replicas: a ticker whose runtime already leads ``k`` roles of its family takes a free lease
+only once it has seen it free for ``k × HARDCOUNT_LEASE_SPREAD_S``, so a replica leading fewer
+takes it first; alone, a replica still takes them all, one after the other.
 """
 
 from __future__ import annotations
@@ -38,8 +43,28 @@ _ERROR_BACKOFF_S = 2.0
 FAILED_TICK_RETRY_S = 30.0
 
 
+class Family:
+    """The tickers of one runtime whose roles share a family: how many of the family's leases the runtime leads.
+
+    ``lock`` is held from a sibling's count to its acquisition, so tickers started together
+    cannot all count zero and take every lease of the family at once.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.tickers: list[Ticker] = []
+
+    def led_by_siblings(self, ticker: Ticker) -> int:
+        """How many of the family's leases the runtime's other tickers hold now."""
+        return sum(1 for sibling in self.tickers if sibling is not ticker and sibling._lease is not None)
+
+
 class Ticker:
-    """The ticker thread of ``role`` in this replica, holding leases as ``holder``."""
+    """The ticker thread of ``role`` in this replica, holding leases as ``holder``.
+
+    ``family``: the runtime's tickers of the same role family (see the module's docstring), or None.
+    """
 
     def __init__(
         self,
@@ -48,10 +73,15 @@ class Ticker:
         *,
         poll_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        family: Family | None = None,
     ) -> None:
         self.role = role
         self.holder = holder
         self.poll_s = settings.HARDCOUNT_LEASE_POLL_S if poll_s is None else poll_s
+        self.family = family
+        if family is not None:
+            family.tickers.append(self)
+        self._free_since: float | None = None
         self._clock = clock
         self._stop = threading.Event()
         self._lease: HeldLease | None = None
@@ -96,7 +126,7 @@ class Ticker:
             while not self._stop.is_set():
                 connection.close_if_unusable_or_obsolete()
                 try:
-                    lease = lease_store().try_acquire(name, self.holder, clock=self._clock)
+                    lease = self._try_acquire()
                 except DatabaseError as exc:
                     logger.warning(logfmt("acquire_failed", role=name, error=type(exc).__name__, detail=str(exc)[:200]))
                     connection.close()
@@ -110,6 +140,29 @@ class Ticker:
         finally:
             connections.close_all()
             logger.info(logfmt("ticker_stopped", role=name, holder=self.holder))
+
+    def _try_acquire(self) -> HeldLease | None:
+        """The role's lease if it is free (deferring to replicas that lead fewer of the family), or None."""
+        store = lease_store()
+        if self.family is None:
+            return store.try_acquire(self.role.name, self.holder, clock=self._clock)
+        with self.family.lock:
+            led = self.family.led_by_siblings(self)
+            if led:
+                if not store.is_free(self.role.name, self.holder):
+                    self._free_since = None
+                    return None
+                now = self._clock()
+                if self._free_since is None:
+                    self._free_since = now
+                if now - self._free_since < led * settings.HARDCOUNT_LEASE_SPREAD_S:
+                    return None
+            lease = store.try_acquire(self.role.name, self.holder, clock=self._clock)
+            self._free_since = None
+            if lease is not None:
+                with self._lease_lock:
+                    self._lease = lease  # counted by the siblings from now on
+            return lease
 
     def _lead(self, lease: HeldLease) -> None:
         name = self.role.name

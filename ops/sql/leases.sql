@@ -33,6 +33,24 @@ SELECT r.id, r.status || ' at ' || r.finished_at || ' under token ' || r.lease_t
 FROM billing_billingrun r JOIN leases_leaderlease l ON l.role = coalesce(nullif(r.lease_role, ''), 'billing')
 WHERE r.lease_token < l.token AND r.status IN ('completed', 'failed') AND r.finished_at > l.acquired_at;
 
+-- name: scheduler_run_bills_only_its_shard
+-- A sharded scheduler run (lease role billing:<index>) attempts only subscriptions of its shard's tenants: a tenant's
+-- shard among HARDCOUNT_BILLING_SHARDS, as billing/shards.py computes it (docs/decisions/0194). Only runs under
+-- their shard lease's current token are checked: those of the leaders running now, with the doctor's shard count.
+WITH tenant_shard AS (
+    SELECT * FROM unnest(%(tenant_ids)s::text[], %(tenant_shards)s::int[]) AS t (tenant_id, shard)
+)
+SELECT a.id AS ref, 'billing attempt of run ' || r.id || ' under ' || r.lease_role || ' bills subscription '
+       || s.id || ' of tenant ' || s.tenant_id || ', which is in shard ' || ts.shard || ' of '
+       || %(billing_shards)s AS detail
+FROM billing_billingattempt a
+JOIN billing_billingrun r ON r.id = a.run_id
+JOIN leases_leaderlease l ON l.role = r.lease_role AND l.token = r.lease_token
+JOIN billing_subscription s ON s.id = a.subscription_id
+JOIN tenant_shard ts ON ts.tenant_id = s.tenant_id
+WHERE r.trigger = 'scheduler' AND r.lease_role LIKE 'billing:%%'
+  AND ts.shard::text <> split_part(r.lease_role, ':', 2);
+
 -- name: lease_rows_well_formed
 -- A held lease has a positive fencing token and acquired_at ≤ heartbeat_at ≤ expires_at.
 SELECT role AS ref, 'held by ' || holder || ' with token ' || token || ', acquired '

@@ -28,6 +28,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("ops", "billing.metrics"): "the dashboard shows the same due and failing counts as /metrics",
     ("ops", "outbox.metrics"): "the dashboard shows the same delivery backlog as /metrics",
     ("ops", "leases.services"): "the dashboard shows each role's holder and last stamp",
+    ("ops", "billing.shards"): "the doctor checks each sharded scheduler run against its tenants' shards, computed "
+    "by billing's own shard function",
     ("ops", "billing.gateway_accounts"): "the doctor's gateway comparison reads each tenant's invoices in that "
     "tenant's own Stripe account",
     ("devstack", "billing.models"): "the demo book is seeded and its first drain watched through billing's rows",

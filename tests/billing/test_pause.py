@@ -243,7 +243,7 @@ def test_metrics_health_and_the_billing_state_filter_count_paused_subscriptions_
     assert due["test"] == 1  # the paused one's period is not due for a charge
 
     ready = Client().get("/health/ready").json()
-    assert ready["billing"] == {"paused_subscriptions": {"live": 0, "test": 1}}
+    assert ready["billing"]["paused_subscriptions"] == {"live": 0, "test": 1}
 
     status, listed = Api(acme.test).get("/v1/subscriptions", {"billing_state": "paused"})
     assert status == 200

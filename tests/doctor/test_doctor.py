@@ -693,6 +693,21 @@ def test_run_completed_after_takeover_is_found(world, db):
     assert_only({"no_billing_write_after_lease_lost": [world.old_run]})
 
 
+def test_a_shard_run_that_attempted_another_shards_tenant_is_found(world, db, settings):
+    from billing.shards import shard_of
+
+    settings.HARDCOUNT_BILLING_SHARDS = 2
+    tenant_id = BillingAttempt.objects.get(pk=world.old_attempt).subscription.tenant_id
+    other = f"billing:{1 - shard_of(tenant_id, 2)}"
+    LeaderLease.objects.create(role=other, holder="host:1:abc", token=5, acquired_at=timezone.now(),
+                               heartbeat_at=timezone.now(), expires_at=timezone.now() + timedelta(hours=1))  # fmt: skip
+    BillingRun.objects.filter(pk=world.old_run).update(lease_role=other, lease_token=4)
+    assert failing() == {}  # a run of an older token: its shard count may have been another one
+    BillingRun.objects.filter(pk=world.old_run).update(lease_token=5)
+    found = assert_only({"scheduler_run_bills_only_its_shard": [world.old_attempt]})
+    assert f"which is in shard {shard_of(tenant_id, 2)} of 2" in found["scheduler_run_bills_only_its_shard"].examples[0]
+
+
 def test_held_lease_with_expiry_before_heartbeat_is_found(world, db):
     lease = LeaderLease.objects.get(role="billing")
     LeaderLease.objects.filter(pk="billing").update(expires_at=lease.heartbeat_at - timedelta(seconds=1))

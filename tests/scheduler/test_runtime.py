@@ -237,3 +237,41 @@ def test_stopped_runtime_threads_end_and_close_their_connections(runtimes):
     assert runtime.stop(5)
     names = {t.name for t in threading.enumerate()}
     assert not any(n.startswith(("scheduler-", "lease-heartbeat-")) for n in names)
+
+
+def family_roles(family, count):
+    """``count`` roles ``<family>:<i>``, of that family (``family`` None: roles ``solo:<i>`` of no family)."""
+    roles = [RecordingRole(f"{family or 'solo'}:{i}") for i in range(count)]
+    for role in roles:
+        if family:
+            role.family = family
+    return roles
+
+
+def leaders(names):
+    return {name: lease_row(name)["holder"] for name in names}
+
+
+def test_roles_of_one_family_spread_over_runtimes_and_a_lone_runtime_takes_the_rest_after_the_spread(
+    runtimes, settings
+):
+    settings.HARDCOUNT_LEASE_SPREAD_S = 1.5
+    names = ["shard:0", "shard:1"]
+    first = runtimes(*family_roles("shard", 2))
+    assert wait_until(lambda: sum(first.leadership().values()) == 1, timeout_s=5)
+    second = runtimes(*family_roles("shard", 2))  # within the first one's spread
+    assert wait_until(lambda: sum(second.leadership().values()) == 1, timeout_s=5)
+    assert set(leaders(names).values()) == {first.holder, second.holder}  # one each
+
+    second.stop(5)  # released: the first takes the other one, after seeing it free for its spread
+    assert wait_until(lambda: all(first.leadership().values()), timeout_s=10)
+    assert set(leaders(names).values()) == {first.holder}
+
+
+def test_roles_without_a_family_are_all_taken_by_the_first_runtime(runtimes, settings):
+    """The control: without a family nothing defers, and the runtime started first leads every role."""
+    settings.HARDCOUNT_LEASE_SPREAD_S = 1.5
+    first = runtimes(*family_roles(None, 2))
+    assert wait_until(lambda: all(first.leadership().values()), timeout_s=5)
+    second = runtimes(*family_roles(None, 2))
+    assert not wait_until(lambda: any(second.leadership().values()), timeout_s=3)

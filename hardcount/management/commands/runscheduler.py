@@ -49,7 +49,8 @@ class Command(BaseCommand):
             action="append",
             dest="roles",
             metavar="NAME",
-            help="Run only this role (repeatable). Default: every configured role.",
+            help="Run only this role, or every role of this family (billing: every billing shard; repeatable). "
+            "Default: every configured role.",
         )
         parser.add_argument(
             "--no-services", action="store_true", help="Do not start the leaderless services (webhook delivery)."
