@@ -285,6 +285,19 @@ def usage_lines_for(closes: list[tuple[Subscription, list[SubscriptionItem]]]) -
     return lines
 
 
+def usage_before_schedule_locked(sub: Subscription) -> list[InvoiceLineItem] | None:
+    """The usage lines the close of ``sub`` (locked, price loaded) bills with the items it has now, taken before its
+    scheduled change replaces them; None for a first period (no usage behind it: the close bills the new items).
+
+    A change scheduled for the period's end takes effect at the boundary the close bills the usage up to, so
+    the usage of the period that ended is its old items' and prices' (docs/decisions/0173).
+    """
+    if usage_period(sub) is None:
+        return None
+    items = list(SubscriptionItem.objects.filter(subscription=sub).select_related("price").order_by("created_at", "id"))
+    return usage_lines_for([(sub, items)]).get(sub.id, [])
+
+
 def item_window(item: SubscriptionItem, start: datetime, end: datetime) -> tuple[datetime, datetime]:
     """``[start, end)`` cut to begin at the item's ``usage_since`` (what a change billed already, or the instant
     the item was added), empty (start = end) when that is past ``end`` (docs/decisions/0170)."""

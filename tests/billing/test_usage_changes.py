@@ -343,3 +343,13 @@ def test_a_metered_item_re_priced_at_the_periods_end_bills_the_old_price_then_th
     assert _lines(march) == [(licensed.id, 1, 1000), (dear.id, 17, 85)]
     line = march.lines.get(price=dear)
     assert (line.period_start, line.period_end) == (FEB, datetime(2027, 3, 1, tzinfo=UTC))
+
+
+def test_negative_control_usage_taken_after_the_scheduled_change_loses_the_removed_items_usage(book, monkeypatch):
+    from billing.services import close
+
+    tenant, clock, _customer, sub, item, licensed, _cheap, _ = _setup(book)
+    monkeypatch.setattr(close, "usage_before_schedule_locked", lambda sub: None)
+    _schedule(tenant, sub, [{"id": item.id, "deleted": True}])
+    advance(clock, FEB + timedelta(hours=2))
+    assert _lines(_cycle(sub, FEB)) == [(licensed.id, 1, 1000)]
