@@ -75,11 +75,14 @@ class Hooks:
     """Test seams between the steps of a close: ``after_prepare(plan)`` once step 1 has
     committed, ``after_charge(plan, result)`` once the gateway answered, ``during_record(invoice,
     attempt, outcome)`` inside step 3's transaction after its writes, before it commits (the kill
-    points of tests/system/test_failure_correctness.py). None in production."""
+    points of tests/system/test_failure_correctness.py), and ``after_usage(subscription_id, lines)``
+    inside step 1's transaction once a close's usage is aggregated, before its invoice is written
+    (tests/system/test_usage_processes.py; both close paths). None in production."""
 
     after_prepare: Callable[[ChargePlan], None] | None = None
     after_charge: Callable[[ChargePlan, gw.ChargeResult], None] | None = None
     during_record: Callable[[Invoice, PaymentAttempt, Outcome], None] | None = None
+    after_usage: Callable[[str, list[InvoiceLineItem]], None] | None = None
 
 
 hooks = Hooks()
@@ -355,6 +358,8 @@ def materialise_period_invoice(
     items = items_by_subscription([sub.id])[sub.id]
     if usage is None:
         usage = usage_lines_for([(sub, items)]).get(sub.id, [])
+    if hooks.after_usage:
+        hooks.after_usage(sub.id, usage)
     invoice, lines = new_draft_invoice(sub, start, end, now, items, usage=usage)
     invoice.previous_billing_cycle_anchor = previous_billing_cycle_anchor
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
