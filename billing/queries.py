@@ -472,6 +472,14 @@ def aggregate_usage(wanted: list[tuple[str, str, str, datetime, datetime]]) -> d
     if not wanted:
         return {}
     usage_barrier()
+    return usage_quantities(wanted)
+
+
+def usage_quantities(wanted: list[tuple[str, str, str, datetime, datetime]]) -> dict[str, int]:
+    """AGGREGATE_USAGE without the barrier: the quantities as committed now, for reading (the operators' console);
+    a close uses :func:`aggregate_usage`, which first waits for the inserts in flight."""
+    if not wanted:
+        return {}
     columns = list(zip(*wanted, strict=True))
     with connection.cursor() as cursor:
         cursor.execute(AGGREGATE_USAGE, [list(c) for c in columns])
