@@ -7,11 +7,17 @@ inside step 1's transaction, after the usage statement, before the invoice is wr
 finishes the drain: every period has one invoice, every event is billed once (the usage line's quantity
 is the events' sum, on one invoice), and the doctor's checks find nothing. Both close paths: the page
 close (the default) and the per-close path.
+
+And two real processes ingesting the same batch of identified events at the same moment.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -20,6 +26,7 @@ from django.db import transaction
 
 from billing.models import Invoice, InvoiceLineItem, MeterEvent, Subscription, SubscriptionItem
 from billing.periods import period_bounds
+from billing.queries import aggregate_usage
 from billing.services import usage
 from billing.services.catalog import create_price
 from tests.billing.conftest import Book
@@ -32,6 +39,7 @@ from tests.system.correctness import (
     wait_until,
 )
 from tests.system.faults import arm
+from tests.system.harness import BASE_DIR, database_url
 
 pytestmark = [
     pytest.mark.system,
@@ -144,3 +152,57 @@ def test_a_scheduler_killed_between_the_usage_aggregation_and_the_invoice_commit
     assert audit.invoices == 2 * BOOK_SIZE
     assert_clean(audit, f"usage kill ({'page' if page_close == '1' else 'per-close'} path)", stripe_proxy)
     assert_gateway_agrees()
+
+
+def test_two_processes_ingesting_the_same_batch_at_once_store_each_event_once(transactional_db, tmp_path):
+    """Two real processes send one batch of 1,000 identified events at the same moment: between them every event is
+    accepted once and a duplicate once, the table holds each once, and its usage is each value once."""
+    from hardcount.times import database_now
+
+    book = Book(make_card=None)
+    tenant = book.tenant("Usage race")
+    customers = [book.customer(tenant, card=None) for _ in range(5)]
+    meter = usage.create_meter(
+        tenant_id=tenant.id, livemode=False, display_name="API", event_name="api_calls", formula="sum"
+    )
+    batch = [
+        {
+            "event_name": "api_calls",
+            "identifier": f"race-{n}",
+            "payload": {"stripe_customer_id": customers[n % 5].id, "value": str(1 + n % 3)},
+        }
+        for n in range(1000)
+    ]
+    path = tmp_path / "batch.json"
+    path.write_text(json.dumps(batch))
+    env = {**os.environ, "DATABASE_URL": database_url(), "HARDCOUNT_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tests.system.ingest_once", "--tenant", tenant.id, "--batch", str(path)]
+    processes = [
+        subprocess.Popen(command, cwd=BASE_DIR, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        for process in processes:
+            assert process.stdout.readline().strip() == "ready"
+        for process in processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        counts = []
+        for process in processes:
+            out, _ = process.communicate(timeout=120)
+            assert process.returncode == 0
+            counts.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    assert sum(c.get("accepted", 0) for c in counts) == 1000, counts
+    assert sum(c.get("duplicate", 0) for c in counts) == 1000, counts
+    assert MeterEvent.objects.filter(tenant=tenant).count() == 1000
+    now = database_now()
+    quantities = aggregate_usage(
+        [(c.id, c.id, meter.id, now - timedelta(days=1), now + timedelta(days=1)) for c in customers]
+    )
+    expected = {c.id: sum(1 + n % 3 for n in range(1000) if n % 5 == i) for i, c in enumerate(customers)}
+    assert quantities == expected
