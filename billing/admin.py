@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from billing.admin_changes import SubscriptionChangeActions
+from billing.admin_usage import customer_usage, invoice_usage
 from billing.models import (
     BillingAttempt,
     BillingRun,
@@ -162,7 +163,7 @@ class CustomerAdmin(ScopeColumns, ReadOnlyAdmin):
     list_display = ("id", "email", "name", "external_id", "credit", "scope")
     list_filter = SCOPE_FILTERS
     list_select_related = ("tenant",)
-    readonly_fields = ("credit",)
+    readonly_fields = ("credit", "usage_by_period")
 
     def object_label(self, customer: Customer) -> str:
         return f"Customer {customer.email} ({customer.id})"
@@ -174,6 +175,10 @@ class CustomerAdmin(ScopeColumns, ReadOnlyAdmin):
     @admin.display(description="credit balance")
     def credit(self, customer: Customer) -> str:
         return money(customer.credit_balance, customer.currency) if customer.currency else "—"
+
+    @admin.display(description="usage by period")
+    def usage_by_period(self, customer: Customer):
+        return customer_usage(customer)
 
     search_fields = ("id",)
     search_help_text = "Exact customer id (cus_…), email (any case), external id or gateway customer id."
@@ -750,6 +755,7 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                 )
             },
         ),
+        ("Usage", {"fields": ("usage",)}),
         (
             "Amounts",
             {
@@ -784,6 +790,7 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         "post_payment_credit_notes_display",
         "dunning",
         "deliveries",
+        "usage",
     )
     subtotal_display = _money("subtotal", "subtotal")
     tax_display = _money("tax", "tax")
@@ -824,6 +831,10 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         if action == "retry_payment":
             return invoice.status == Invoice.OPEN
         return invoice.status in (Invoice.DRAFT, Invoice.OPEN)
+
+    @admin.display(description="usage lines")
+    def usage(self, invoice: Invoice):
+        return invoice_usage(invoice)
 
     @admin.display(description="customer")
     def customer_email(self, invoice: Invoice) -> str:

@@ -11,7 +11,6 @@ close's lock through :func:`due_condition`) takes it from there. Locks follow th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -360,7 +359,9 @@ def usage_hold_locked() -> None:
 
 INSERT_METER_EVENTS = """
     WITH input AS (
-        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+        SELECT i.id, i.identifier, i.event_name, i.customer_id, i.value, i.payload,
+               COALESCE(i.ts, i.created_at, %(now)s) AS ts, COALESCE(i.created_at, %(now)s) AS created_at
+        FROM jsonb_to_recordset(%(rows)s::jsonb)
             AS i(id text, identifier text, event_name text, customer_id text, value bigint, payload jsonb,
                  ts timestamptz, created_at timestamptz)
     ), admitted AS (
@@ -368,76 +369,53 @@ INSERT_METER_EVENTS = """
             (tenant_id, livemode, identifier, event_id, event_timestamp, created_at)
         SELECT %(tenant)s, %(livemode)s, identifier, id, ts, created_at FROM input
         ON CONFLICT DO NOTHING
-        RETURNING event_id
+        RETURNING event_id, event_timestamp
     ), inserted AS (
         INSERT INTO billing_meterevent
             (id, tenant_id, livemode, event_name, customer_id, identifier, value, payload, timestamp, created_at)
         SELECT i.id, %(tenant)s, %(livemode)s, i.event_name, i.customer_id, i.identifier, i.value, i.payload,
                i.ts, i.created_at
-        FROM input i JOIN admitted a ON a.event_id = i.id
-        RETURNING identifier
+        FROM input i JOIN admitted a ON a.event_id = i.id AND a.event_timestamp = i.ts
     )
-    SELECT identifier FROM inserted
+    SELECT i.identifier FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM admitted a WHERE a.event_id = i.id AND a.event_timestamp = i.ts)
 """
 
 
-def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict]) -> set[str]:
-    """INSERT_METER_EVENTS: insert a batch of meter events in one statement; the identifiers inserted.
+def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now: datetime) -> set[str]:
+    """INSERT_METER_EVENTS: insert a batch of meter events in one statement; the identifiers not inserted (stored
+    before: duplicates), usually none, so a batch reads back no row per event.
 
-    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (a dict,
-    or its JSON text), "timestamp", "created_at"}``, identifiers distinct within the batch. Each event is
-    admitted by its identifier's row (``INSERT … ON CONFLICT DO NOTHING`` on the primary key (tenant,
-    livemode, identifier)): an identifier seen before, by this batch's retry or by a concurrent batch on
-    another connection (which the insert waits for), admits nothing, so no event is ever stored twice. The
-    batch travels as one JSON parameter (``jsonb_to_recordset``): one statement whatever the batch's size,
-    and one string for the driver to send instead of eight arrays to adapt element by element (0172).
+    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (a dict),
+    "ts"?, "created_at"?}`` (ISO 8601 texts; ``created_at`` defaults to ``now``, ``ts`` to ``created_at``),
+    identifiers distinct within the batch. Each event is admitted by its identifier's row (``INSERT … ON
+    CONFLICT DO NOTHING`` on the primary key (tenant, livemode, identifier)): an identifier seen before, by
+    this batch's retry or by a concurrent batch on another connection (which the insert waits for), admits
+    nothing, so no event is ever stored twice. The admitted rows are joined back on the event table's whole
+    key (``timestamp``, ``id``). The batch travels as one JSON parameter (``jsonb_to_recordset``): one
+    statement whatever the batch's size, one string for the driver to send (decisions 0172, 0174).
     """
     if not rows:
         return set()
-    batch = json.dumps(
-        [
-            {
-                "id": r["id"],
-                "identifier": r["identifier"],
-                "event_name": r["event_name"],
-                "customer_id": r["customer_id"],
-                "value": r["value"],
-                "payload": json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"],
-                "ts": r["timestamp"].isoformat(),
-                "created_at": r["created_at"].isoformat(),
-            }
-            for r in rows
-        ],
-        separators=(",", ":"),
-    )
+    batch = json.dumps(rows, separators=(",", ":"))
     with connection.cursor() as cursor:
-        cursor.execute(INSERT_METER_EVENTS, {"tenant": tenant_id, "livemode": livemode, "rows": batch})
+        cursor.execute(INSERT_METER_EVENTS, {"tenant": tenant_id, "livemode": livemode, "rows": batch, "now": now})
         return {row[0] for row in cursor.fetchall()}
 
 
-@dataclass(frozen=True)
-class IngestCustomer:
-    """What an insert needs of a customer: its test clock and its usage billed-until per meter (0170)."""
-
-    id: str
-    test_clock_id: str | None
-    usage_billed_until: dict
-
-
-def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, IngestCustomer]:
-    """The customers of the tenant and mode among ``ids``, by id: one array parameter, no model instances."""
+def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, tuple[str | None, str | None]]:
+    """What an insert needs of the customers of the tenant and mode among ``ids``: by id, ``(test clock id, usage
+    billed-until per meter as JSON text or None when empty)`` (0170). One array parameter, no model instances;
+    the caller decodes a cutoff only for a customer that has one (most have billed nothing early)."""
     if not ids:
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
-            # Most customers have billed nothing early: no JSON to decode for them (a tenth of a batch's time).
             "SELECT id, test_clock_id, NULLIF(usage_billed_until, '{}'::jsonb)::text FROM billing_customer"
             " WHERE tenant_id = %s AND livemode = %s AND id = ANY(%s)",
             [tenant_id, livemode, list(ids)],
         )
-        return {
-            row[0]: IngestCustomer(row[0], row[1], json.loads(row[2]) if row[2] else {}) for row in cursor.fetchall()
-        }
+        return {id_: (clock, billed) for id_, clock, billed in cursor.fetchall()}
 
 
 # One meter's aggregate over the events joined as ``e`` (``m`` the meter): the formula's value, 0 for none.
@@ -491,6 +469,14 @@ def aggregate_usage(wanted: list[tuple[str, str, str, datetime, datetime]]) -> d
     if not wanted:
         return {}
     usage_barrier()
+    return usage_quantities(wanted)
+
+
+def usage_quantities(wanted: list[tuple[str, str, str, datetime, datetime]]) -> dict[str, int]:
+    """AGGREGATE_USAGE without the barrier: the quantities as committed now, for reading (the operators' console);
+    a close uses :func:`aggregate_usage`, which first waits for the inserts in flight."""
+    if not wanted:
+        return {}
     columns = list(zip(*wanted, strict=True))
     with connection.cursor() as cursor:
         cursor.execute(AGGREGATE_USAGE, [list(c) for c in columns])

@@ -83,6 +83,32 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{_encode((ms << 80) | rand, 26)}"
 
 
+def new_ids(prefix: str, count: int) -> list[str]:
+    """``count`` fresh ids ``<prefix>_…`` at once, in increasing order, as :func:`new_id` would make them back to back.
+
+    One clock read, one lock and one draw of random bits for the lot: the random part starts at a multiple of
+    2²⁰ (59 random bits above it) and counts up, so all but the last four characters are encoded once. For a
+    batch of meter events, where an id per event cost a tenth of the batch's time (decision 0174).
+    """
+    if count <= 0:
+        return []
+    if count > 1 << 20:
+        return [new_id(prefix) for _ in range(count)]
+    ms = int(time.time() * 1000) & ((1 << 48) - 1)
+    with _lock:
+        if ms <= _last["ms"]:
+            # Past the previous id of this millisecond (or of a later one, after a clock step back): keep increasing.
+            ms = _last["ms"]
+            rand = ((_last["rand"] >> 20) + 1) << 20
+            if rand + count > (1 << 80) - 1:
+                return [new_id(prefix) for _ in range(count)]
+        else:
+            rand = secrets.randbits(59) << 20
+        _last["ms"], _last["rand"] = ms, rand + count - 1
+    head = f"{prefix}_{_encode((ms << 80 | rand) >> 20, 22)}"
+    return [head + _PAIRS[n >> 10] + _PAIRS[n & 1023] for n in range(count)]
+
+
 def floor_id(prefix: str, at) -> str:
     """The smallest id ``<prefix>_…`` made at or after the aware datetime ``at``: ``pk >= floor_id(...)``
     bounds a scan of a table by creation time on its primary key's index."""

@@ -61,7 +61,7 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
-from billing.services.usage import bill_final_usage_locked, usage_lines_for
+from billing.services.usage import bill_final_usage_locked, usage_before_schedule_locked, usage_lines_for
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.ids import PREFIXES, new_id
@@ -75,11 +75,14 @@ class Hooks:
     """Test seams between the steps of a close: ``after_prepare(plan)`` once step 1 has
     committed, ``after_charge(plan, result)`` once the gateway answered, ``during_record(invoice,
     attempt, outcome)`` inside step 3's transaction after its writes, before it commits (the kill
-    points of tests/system/test_failure_correctness.py). None in production."""
+    points of tests/system/test_failure_correctness.py), and ``after_usage(subscription_id, lines)``
+    inside step 1's transaction once a close's usage is aggregated, before its invoice is written
+    (tests/system/test_usage_processes.py; both close paths). None in production."""
 
     after_prepare: Callable[[ChargePlan], None] | None = None
     after_charge: Callable[[ChargePlan, gw.ChargeResult], None] | None = None
     during_record: Callable[[Invoice, PaymentAttempt, Outcome], None] | None = None
+    after_usage: Callable[[str, list[InvoiceLineItem]], None] | None = None
 
 
 hooks = Hooks()
@@ -266,12 +269,15 @@ def _prepare(
         if sub.cancel_at_period_end:
             bill_final_usage_locked(sub, now, finalize=finalize_or_pend_locked)
             return cancel_at_period_end_locked(sub, run, now)
-        if sub.scheduled_items and apply_scheduled_locked(sub, now):
-            sub = Subscription.objects.select_related("price").get(pk=subscription_id)
-
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted = materialise_period_invoice(sub, start, end, now)
+        usage = None
+        if sub.scheduled_items:
+            usage = usage_before_schedule_locked(sub)
+            if apply_scheduled_locked(sub, now, usage_since=start):
+                sub = Subscription.objects.select_related("price").get(pk=subscription_id)
+
+        inserted = materialise_period_invoice(sub, start, end, now, usage=usage)
         lines = None
         if inserted:
             # Ours alone until commit (the insert holds it): no need to read it back.
@@ -338,6 +344,7 @@ def materialise_period_invoice(
     *,
     sweep: bool = True,
     previous_billing_cycle_anchor: datetime | None = None,
+    usage: list[InvoiceLineItem] | None = None,
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
     """Insert the period's draft invoice and its lines unless one exists; the new invoice and its lines, or None.
 
@@ -345,9 +352,14 @@ def materialise_period_invoice(
     (:func:`billing.services.lines.sweep_pending_locked`). An invoice that will never be collected
     (a paused period's) passes ``sweep=False``: its pending items stay pending for the next one.
     ``previous_billing_cycle_anchor``: the first period of a restarted cycle records the anchor it replaced.
+    ``usage``: the usage lines when they were taken before a scheduled change replaced the items
+    (:func:`billing.services.usage.usage_before_schedule_locked`); None: those of the items now.
     """
     items = items_by_subscription([sub.id])[sub.id]
-    usage = usage_lines_for([(sub, items)]).get(sub.id, [])
+    if usage is None:
+        usage = usage_lines_for([(sub, items)]).get(sub.id, [])
+    if hooks.after_usage:
+        hooks.after_usage(sub.id, usage)
     invoice, lines = new_draft_invoice(sub, start, end, now, items, usage=usage)
     invoice.previous_billing_cycle_anchor = previous_billing_cycle_anchor
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}

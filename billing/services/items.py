@@ -65,17 +65,19 @@ def scheduled_items(sub: Subscription) -> list[ItemAfter]:
     return [ItemAfter(entry["id"], prices[entry["price"]], entry["quantity"]) for entry in sub.scheduled_items]
 
 
-def apply_scheduled_locked(sub: Subscription, now: datetime) -> bool:
+def apply_scheduled_locked(sub: Subscription, now: datetime, *, usage_since: datetime | None = None) -> bool:
     """Apply ``sub``'s scheduled change (subscription locked, in the close of its next period); True when one was.
 
     Writes the items, clears the schedule and emits ``subscription.updated`` with the items before.
+    ``usage_since``: the boundary the change takes effect at, where the usage of the items it re-prices or
+    adds starts (the close bills the usage before it with the items before: docs/decisions/0173).
     """
     if not sub.scheduled_items:
         return False
     before = list(sub.items.select_related("price").order_by("created_at", "id"))
     plan = SimpleNamespace(before=before, after=scheduled_items(sub))
     previous = [subscription_item_data(item) for item in before]
-    write_items_locked(sub, plan, now)
+    write_items_locked(sub, plan, now, usage_since=usage_since)
     sub.scheduled_items = None
     sub.save(update_fields=["scheduled_items", "updated_at"])
     data = subscription_data(sub)

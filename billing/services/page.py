@@ -155,6 +155,9 @@ def prepare_page(
         ]
         sub_items = items_by_subscription(sub.id for sub in plain)
         usage = usage_lines_for([(sub, sub_items[sub.id]) for sub in plain])  # one statement for the page
+        if hooks.after_usage:
+            for sub in plain:
+                hooks.after_usage(sub.id, usage.get(sub.id, []))
         customers = locked_by_id(customer_qs_select_for_update(), [sub.customer_id for sub in plain])
         page_discounts = discounts_for_page(plain, {sub.id: bounds[sub.id][0] for sub in plain})
         drafts = []

@@ -37,6 +37,7 @@ from billing.services.close import cancel_at_period_end_locked, mark_finalized, 
 from billing.services.discounts import apply_discount_locked
 from billing.services.items import apply_scheduled_locked
 from billing.services.payments import advance_period_locked, billing_time, clear_failure_state
+from billing.services.usage import usage_before_schedule_locked
 from billing.shards import Shard
 from hardcount.errors import InvalidRequestError, NotFoundError, business_rule_codes
 from hardcount.fencing import NO_FENCE, Fence
@@ -225,14 +226,18 @@ def _invoice_paused_period(
         if sub.cancel_at_period_end:
             cancel_at_period_end_locked(sub, None, now)
             return None
-        if sub.scheduled_items and apply_scheduled_locked(sub, now):
-            # A change scheduled for the period's end takes effect at that boundary, collected or not (as in
-            # Stripe, where a pause changes what becomes of invoices, not the subscription): the paused invoice
-            # bills the new items, and so does every period after it. docs/decisions/0148.
-            sub = Subscription.objects.select_related("price").get(pk=subscription_id)
         price = sub.price
         start, end = period_bounds(sub.billing_cycle_anchor, price.interval, price.interval_count, sub.periods_billed)
-        inserted = materialise_period_invoice(sub, start, end, now, sweep=False)
+        usage = None
+        if sub.scheduled_items:
+            # A change scheduled for the period's end takes effect at that boundary, collected or not (as in
+            # Stripe, where a pause changes what becomes of invoices, not the subscription): the paused invoice
+            # bills the new items, and so does every period after it (docs/decisions/0148); the usage of the
+            # period that ended is still the old items' (0173).
+            usage = usage_before_schedule_locked(sub)
+            if apply_scheduled_locked(sub, now, usage_since=start):
+                sub = Subscription.objects.select_related("price").get(pk=subscription_id)
+        inserted = materialise_period_invoice(sub, start, end, now, sweep=False, usage=usage)
         if inserted is not None:
             settle_paused_draft_locked(inserted[0], PauseBehavior(sub.pause_collection_behavior), now=now)
             invoice = inserted[0]

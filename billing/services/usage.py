@@ -37,7 +37,7 @@ from billing.periods import period_bounds
 from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
 from billing.representations import meter_data
 from hardcount.errors import InvalidRequestError, business_rule_codes, storable_text
-from hardcount.ids import new_id
+from hardcount.ids import new_ids
 from hardcount.times import iso
 from outbox.services import emit_for
 
@@ -285,6 +285,19 @@ def usage_lines_for(closes: list[tuple[Subscription, list[SubscriptionItem]]]) -
     return lines
 
 
+def usage_before_schedule_locked(sub: Subscription) -> list[InvoiceLineItem] | None:
+    """The usage lines the close of ``sub`` (locked, price loaded) bills with the items it has now, taken before its
+    scheduled change replaces them; None for a first period (no usage behind it: the close bills the new items).
+
+    A change scheduled for the period's end takes effect at the boundary the close bills the usage up to, so
+    the usage of the period that ended is its old items' and prices' (docs/decisions/0173).
+    """
+    if usage_period(sub) is None:
+        return None
+    items = list(SubscriptionItem.objects.filter(subscription=sub).select_related("price").order_by("created_at", "id"))
+    return usage_lines_for([(sub, items)]).get(sub.id, [])
+
+
 def item_window(item: SubscriptionItem, start: datetime, end: datetime) -> tuple[datetime, datetime]:
     """``[start, end)`` cut to begin at the item's ``usage_since`` (what a change billed already, or the instant
     the item was added), empty (start = end) when that is past ``end`` (docs/decisions/0170)."""
@@ -424,14 +437,24 @@ class EventResult:
     identifier: str | None
     status: str
     error: dict | None = None
-    row: dict | None = field(default=None, repr=False)
+    row: tuple | None = field(default=None, repr=False)
     livemode: bool = False
 
     @property
     def event(self) -> dict | None:
         """The stored ``billing.meter_event`` of an accepted event (built on demand: only the single endpoint
         answers with it, and building one per event cost a batch a tenth of its time; decision 0172)."""
-        return None if self.row is None else meter_event_data(self.row, self.livemode)
+        if self.row is None:
+            return None
+        event_name, payload, timestamp, created_at = self.row
+        row = {
+            "event_name": event_name,
+            "identifier": self.identifier,
+            "payload": payload,
+            "timestamp": timestamp,
+            "created_at": created_at,
+        }
+        return meter_event_data(row, self.livemode)
 
     def data(self) -> dict:
         """The JSON of one entry of the batch response."""
@@ -455,88 +478,107 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
     (``HARDCOUNT_USAGE_GRACE_S``) behind, the customer's billing time (its test clock's time, else the
     DB's clock once the insert holds the usage lock, :func:`billing.queries.ingest_time_locked`).
     ``timestamp``: unix seconds or ISO 8601, default the billing time; ``identifier`` defaults to a fresh
-    one. The accepted events are inserted by one statement
+    one (the event's own id). The accepted events are inserted by one statement
     (:func:`billing.queries.insert_meter_events`); an identifier stored before is a ``duplicate``.
+    What is the same for the whole batch (the meters, the customers, their clocks and cutoffs, the ids) is
+    read or made once per batch, not per event (decision 0174).
     """
     results: list[EventResult] = []
     with transaction.atomic():
         now = ingest_time_locked()
         shaped = [_shape(index, raw) for index, raw in enumerate(events)]
-        names = {s["event_name"] for s in shaped if isinstance(s, dict)}
+        names = {s[0] for s in shaped if type(s) is tuple}
         meters = {
             m.event_name: m for m in Meter.objects.filter(tenant_id=tenant_id, livemode=livemode, event_name__in=names)
         }
         customer_ids = set()
         for s in shaped:
-            if isinstance(s, dict) and s["event_name"] in meters:
-                value = s["payload"].get(meters[s["event_name"]].customer_key)
-                if isinstance(value, str):
+            if type(s) is tuple and s[0] in meters:
+                value = s[1].get(meters[s[0]].customer_key)
+                if type(value) is str:
                     customer_ids.add(value)
         customers = queries.ingest_customers(tenant_id, livemode, customer_ids)
-        clock_times = _clock_times_shared({c.test_clock_id for c in customers.values() if c.test_clock_id})
+        clock_times = _clock_times_shared({clock for clock, _ in customers.values() if clock})
         grace = timedelta(seconds=settings.HARDCOUNT_USAGE_GRACE_S)
+        ids = iter(new_ids("mev", len(shaped)))
+        # A customer's cutoffs per meter (decision 0170), parsed once per batch.
+        cutoffs: dict[tuple[str, str], tuple[datetime, str] | None] = {}
         rows, seen = [], set()
         for index, s in enumerate(shaped):
-            if isinstance(s, EventResult):
+            if type(s) is not tuple:
                 results.append(s)
                 continue
+            event_name, payload, timestamp, identifier = s
             try:
-                meter = meters.get(s["event_name"])
+                meter = meters.get(event_name)
                 if meter is None:
-                    raise _Refused("meter_not_found", f"No meter for event_name '{s['event_name']}'.", "event_name")
-                customer = customers.get(s["payload"].get(meter.customer_key))
+                    raise _Refused("meter_not_found", f"No meter for event_name '{event_name}'.", "event_name")
+                customer_id = payload.get(meter.customer_key)
+                customer = customers.get(customer_id) if type(customer_id) is str else None
                 if customer is None:
                     raise _Refused(
                         "customer_not_found",
                         f"payload.{meter.customer_key} must be the id of a customer of this tenant and mode.",
                         f"payload.{meter.customer_key}",
                     )
-                value = _value(meter, s["payload"])
-                at = clock_times.get(customer.test_clock_id, now) if customer.test_clock_id else now
-                timestamp = s["timestamp"] or at
-                if timestamp > at + FUTURE_SKEW:
-                    raise _Refused(
-                        "timestamp_in_future", "timestamp is more than 5 minutes in the future.", "timestamp"
-                    )
-                if timestamp < at - grace:
-                    raise _Refused(
-                        "timestamp_too_old",
-                        f"timestamp is older than the grace window ({grace.total_seconds():.0f} s): "
-                        "its period's usage may be billed already.",
-                        "timestamp",
-                    )
-                billed_until = customer.usage_billed_until.get(meter.id)
-                if billed_until is not None and timestamp < isoparse(billed_until):
-                    raise _Refused(
-                        "timestamp_too_old",
-                        f"timestamp is before {billed_until}: this customer's usage of the meter up to then "
-                        "has been billed.",
-                        "timestamp",
-                    )
+                value = _value(meter, payload)
+                clock, billed = customer
+                at = clock_times.get(clock, now) if clock else now
+                if timestamp is not None:
+                    if timestamp > at + FUTURE_SKEW:
+                        raise _Refused(
+                            "timestamp_in_future", "timestamp is more than 5 minutes in the future.", "timestamp"
+                        )
+                    if timestamp < at - grace:
+                        raise _Refused(
+                            "timestamp_too_old",
+                            f"timestamp is older than the grace window ({grace.total_seconds():.0f} s): "
+                            "its period's usage may be billed already.",
+                            "timestamp",
+                        )
+                if billed:
+                    key = (customer_id, meter.id)
+                    if key not in cutoffs:
+                        billed_until = json.loads(billed).get(meter.id)
+                        cutoffs[key] = None if billed_until is None else (isoparse(billed_until), billed_until)
+                    cutoff = cutoffs[key]
+                    if cutoff is not None and (timestamp or at) < cutoff[0]:
+                        raise _Refused(
+                            "timestamp_too_old",
+                            f"timestamp is before {cutoff[1]}: this customer's usage of the meter up to then "
+                            "has been billed.",
+                            "timestamp",
+                        )
             except _Refused as refused:
-                results.append(EventResult(index, s["identifier"], "refused", refused.error))
+                results.append(EventResult(index, identifier, "refused", refused.error))
                 continue
-            identifier = s["identifier"] or new_id("mev")
+            event_id = next(ids)
+            identifier = identifier or event_id
             if identifier in seen:
                 results.append(EventResult(index, identifier, "duplicate"))
                 continue
             seen.add(identifier)
+            # The billing time, the default of both instants, is the statement's parameter: sent once, not per row.
             row = {
-                "id": new_id("mev"),
+                "id": event_id,
                 "identifier": identifier,
-                "event_name": meter.event_name,
-                "customer_id": customer.id,
+                "event_name": event_name,
+                "customer_id": customer_id,
                 "value": value,
-                "payload": s["payload"],
-                "timestamp": timestamp,
-                "created_at": at,
+                "payload": payload,
             }
+            if timestamp is not None:
+                row["ts"] = timestamp.isoformat()
+            if clock:
+                row["created_at"] = at.isoformat()
             rows.append(row)
-            results.append(EventResult(index, identifier, "accepted", row=row, livemode=livemode))
-        inserted = insert_meter_events(tenant_id=tenant_id, livemode=livemode, rows=rows)
-        for result in results:
-            if result.status == "accepted" and result.identifier not in inserted:
-                result.status, result.row = "duplicate", None
+            stored = (event_name, payload, timestamp or at, at)
+            results.append(EventResult(index, identifier, "accepted", row=stored, livemode=livemode))
+        stored_before = insert_meter_events(tenant_id=tenant_id, livemode=livemode, rows=rows, now=now)
+        if stored_before:
+            for result in results:
+                if result.status == "accepted" and result.identifier in stored_before:
+                    result.status, result.row = "duplicate", None
     return results
 
 
@@ -553,8 +595,13 @@ def _clock_times_shared(clock_ids: set[str]) -> dict[str, datetime]:
         return dict(cursor.fetchall())
 
 
-def _shape(index: int, raw) -> dict | EventResult:
-    """An event's fields checked on their own: ``{"event_name", "payload", "timestamp" (or None), "identifier"}``."""
+_EVENT_KEYS = frozenset(("event_name", "payload", "timestamp", "identifier"))
+# The integers of at most 500 characters, the sign included.
+_INT_LOW, _INT_HIGH = -(10**499), 10**500
+
+
+def _shape(index: int, raw) -> tuple | EventResult:
+    """An event's fields checked on their own: ``(event_name, payload, timestamp or None, identifier or None)``."""
     identifier = raw.get("identifier") if isinstance(raw, dict) else None
     # Echoed in the batch's results: text that cannot be stored cannot be rendered back either (a lone surrogate).
     identifier = identifier if isinstance(identifier, str) and storable_text(identifier) else None
@@ -564,29 +611,16 @@ def _shape(index: int, raw) -> dict | EventResult:
 
     if not isinstance(raw, dict):
         return refused("parameter_invalid", "An event must be a JSON object.", "")
-    unknown = sorted(set(raw) - {"event_name", "payload", "timestamp", "identifier"})
-    if unknown:
-        return refused("parameter_unknown", "Unknown parameter.", unknown[0])
+    if not raw.keys() <= _EVENT_KEYS:
+        return refused("parameter_unknown", "Unknown parameter.", sorted(set(raw) - _EVENT_KEYS)[0])
     name = raw.get("event_name")
     if not isinstance(name, str) or not 1 <= len(name) <= 100 or not storable_text(name):
         return refused(
             "parameter_invalid", "event_name must be a string of 1 to 100 characters (no NUL).", "event_name"
         )
     payload = raw.get("payload")
-    if isinstance(payload, dict):
-        payload = {k: _json_integer(v) for k, v in payload.items()}
-    if (
-        not isinstance(payload, dict)
-        or len(payload) > 50
-        or not all(isinstance(k, str) and len(k) <= 100 and storable_text(k) for k in payload)
-        or not all(
-            isinstance(v, str | int)
-            and not isinstance(v, bool)
-            and len(str(v)) <= 500
-            and (not isinstance(v, str) or storable_text(v))
-            for v in payload.values()
-        )
-    ):
+    payload = _checked_payload(payload) if isinstance(payload, dict) else None
+    if payload is None:
         return refused(
             "parameter_invalid",
             "payload must be an object of up to 50 string or integer values (text without NUL characters).",
@@ -607,11 +641,33 @@ def _shape(index: int, raw) -> dict | EventResult:
             # A string shaped like a date-time that names no representable instant (year 0, a leap second).
             code = "timestamp_out_of_range" if isinstance(raw["timestamp"], str) else "parameter_invalid"
             return refused(code, "timestamp must be unix seconds or ISO 8601 with a zone.", "timestamp")
-    return {"event_name": name, "payload": payload, "timestamp": timestamp, "identifier": identifier}
+    return (name, payload, timestamp, identifier)
 
 
-def _payload_value(value) -> bool:
-    return isinstance(value, str | int) and not isinstance(value, bool) and len(str(value)) <= 500
+def _checked_payload(payload: dict) -> dict | None:
+    """``payload`` with its integral numbers as ``int`` (:func:`_json_integer`), or None unless it has at most 50
+    keys of up to 100 characters, each value a string or integer of up to 500 characters, all text storable
+    (:func:`hardcount.errors.storable_text`). One pass; ASCII text, the usual case, needs no encoding to check."""
+    if len(payload) > 50:
+        return None
+    checked = {}
+    for key, raw in payload.items():
+        if not isinstance(key, str) or len(key) > 100 or not _storable(key):
+            return None
+        value = int(raw) if isinstance(raw, float) and raw.is_integer() else raw
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            return None
+        if isinstance(value, str):
+            if len(value) > 500 or not _storable(value):
+                return None
+        elif not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
+            return None
+        checked[key] = value
+    return checked
+
+
+def _storable(text: str) -> bool:
+    return "\x00" not in text and (text.isascii() or storable_text(text))
 
 
 def _json_integer(value):

@@ -824,3 +824,80 @@ def test_what_text_jsonb_or_a_datetime_cannot_hold_is_a_4xx_for_one_event_and_re
         ("accepted", None),
     ]
     assert list(MeterEvent.objects.filter(tenant=tenant).values_list("value", flat=True)) == [2]
+
+
+def test_each_formula_under_each_charge_model_on_one_invoice_against_hand_computed_lines(book, page_close):
+    """Five meters, one per formula, each billed by another charge model on one subscription: the invoice after the
+    period carries each line's hand-computed quantity and amount."""
+    tenant = book.tenant()
+    t0 = datetime(2027, 1, 1, tzinfo=UTC)
+    clock = make_clock(tenant, t0)
+    customer = book.customer(tenant, clock=clock)
+    meters = {
+        f: _meter(tenant, f, event_name=f"ev_{f}", value_key="user" if f == "unique_count" else "value")
+        for f in ("sum", "count", "max", "last", "unique_count")
+    }
+    tiered = {"billing_scheme": "tiered", "amount": 0}
+    prices = {
+        "sum": _metered_price(tenant, meters["sum"], amount=3),  # per unit
+        "count": _metered_price(
+            tenant,
+            meters["count"],
+            **tiered,
+            tiers_mode="graduated",
+            tiers=[
+                {"up_to": 2, "unit_amount": 10},
+                {"up_to": 4, "unit_amount": 5, "flat_amount": 20},
+                {"up_to": "inf", "unit_amount": 1},
+            ],
+        ),
+        "max": _metered_price(
+            tenant,
+            meters["max"],
+            **tiered,
+            tiers_mode="volume",
+            tiers=[
+                {"up_to": 10, "unit_amount": 4},
+                {"up_to": 100, "unit_amount": 2, "flat_amount": 50},
+                {"up_to": "inf", "unit_amount": 1},
+            ],
+        ),
+        "last": _metered_price(tenant, meters["last"], amount=250, transform_quantity={"divide_by": 10, "round": "up"}),
+        "unique_count": _metered_price(tenant, meters["unique_count"], amount=100),
+    }
+    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=1000, currency="usd", interval="month")
+    sub = create_subscription(
+        tenant_id=tenant.id,
+        livemode=False,
+        customer_id=customer.id,
+        items=[{"price": licensed.id, "quantity": 1}, *({"price": p.id, "quantity": 1} for p in prices.values())],
+    )
+    advance(clock, t0 + timedelta(hours=1))
+    jan25 = datetime(2027, 1, 25, tzinfo=UTC)
+    advance(clock, jan25)
+    at = jan25 - timedelta(minutes=30)
+    sent = [_event(customer, v, at, name="ev_sum") for v in (5, 7, 3)]
+    sent += [_event(customer, 1, at, name="ev_count") for _ in range(6)]
+    sent += [_event(customer, v, at, name="ev_max") for v in (3, 10, 7)]
+    # The later event first: ``last`` is the latest by timestamp, not the last received.
+    sent += [_event(customer, 12, jan25 - timedelta(minutes=10), name="ev_last")]
+    sent += [_event(customer, 31, jan25 - timedelta(minutes=20), name="ev_last")]
+    sent += [_event(customer, 0, at, name="ev_unique_count", user=u) for u in ("u1", "u2", "u1", "u3")]
+    assert {r.status for r in _ingest(tenant, sent)} == {"accepted"}
+
+    feb = datetime(2027, 2, 1, tzinfo=UTC)
+    advance(clock, feb + timedelta(hours=2))
+    february = Invoice.objects.get(subscription_id=sub.id, period_start=feb)
+    lines = {line.price_id: (line.quantity, line.amount) for line in february.lines.all()}
+    assert lines == {
+        licensed.id: (1, 1000),
+        prices["sum"].id: (15, 15 * 3),
+        # 6 events cross both boundaries: 2 × 10, then 2 × 5 + the second tier's flat 20, then 2 × 1.
+        prices["count"].id: (6, 2 * 10 + 2 * 5 + 20 + 2 * 1),
+        # The maximum 10 is exactly the first tier's up_to: every unit at 4, no flat amount.
+        prices["max"].id: (10, 10 * 4),
+        # The latest value 12 makes 2 started packages of 10 (31 would have made 4).
+        prices["last"].id: (12, 2 * 250),
+        prices["unique_count"].id: (3, 3 * 100),
+    }
+    assert february.total == 1000 + 45 + 52 + 40 + 500 + 300

@@ -285,3 +285,71 @@ def test_a_change_counts_an_insert_in_flight_and_holds_later_inserts_until_it_co
         assert not after["waited"] and after["late"][0].status == "accepted"
     pending = InvoiceItem.objects.get(subscription_id=sub.id, invoice__isnull=True, price=cheap)
     assert (pending.quantity, pending.amount) == (40 + 9, 49 * 3)
+
+
+def _schedule(tenant, sub, items):
+    change_subscription(
+        tenant_id=tenant.id, livemode=False, subscription_id=sub.id, items=items, effective_at="period_end"
+    )
+
+
+def test_a_metered_item_removed_at_the_periods_end_bills_that_periods_usage_once_on_the_close(book, page_close):
+    tenant, clock, customer, sub, item, licensed, cheap, _ = _setup(book)
+    _schedule(tenant, sub, [{"id": item.id, "deleted": True}])
+    assert not InvoiceItem.objects.filter(subscription_id=sub.id).exists()  # nothing billed at the scheduling
+    advance(clock, datetime(2027, 1, 31, 23, 50, tzinfo=UTC))
+    _ingest(tenant, [_event(customer, 2)])
+    # Sent inside the grace, after the period's end: still January's usage, of the item the change removes.
+    advance(clock, FEB + timedelta(minutes=30))
+    late = _ingest(tenant, [_event(customer, 3, datetime(2027, 1, 31, 23, 59, tzinfo=UTC))])
+    assert late[0].status == "accepted"
+
+    advance(clock, FEB + timedelta(hours=2))
+    february = _cycle(sub, FEB)
+    # February's licensed 1,000 and January's 25 + 15 + 2 + 3 = 45 units × 3 of the removed item.
+    assert _lines(february) == [(licensed.id, 1, 1000), (cheap.id, 45, 135)]
+    usage_line = february.lines.get(price=cheap)
+    assert (usage_line.period_start, usage_line.period_end, usage_line.subscription_item) == (T0, FEB, item.id)
+    assert february.total == 1135
+    assert list(SubscriptionItem.objects.filter(subscription_id=sub.id).values_list("price_id", flat=True)) == [
+        licensed.id
+    ]
+
+    # March bills the licensed item alone: the removed item's usage is not billed again.
+    advance(clock, datetime(2027, 3, 1, 2, tzinfo=UTC))
+    assert _lines(_cycle(sub, datetime(2027, 3, 1, tzinfo=UTC))) == [(licensed.id, 1, 1000)]
+
+
+def test_a_metered_item_re_priced_at_the_periods_end_bills_the_old_price_then_the_new_from_the_boundary(
+    book, page_close
+):
+    tenant, clock, customer, sub, item, licensed, cheap, dear = _setup(book)
+    _schedule(tenant, sub, [{"id": item.id, "price": dear.id}])
+    advance(clock, FEB + timedelta(minutes=30))
+    _ingest(tenant, [_event(customer, 5, datetime(2027, 1, 31, 23, 45, tzinfo=UTC))])  # January's, late
+    _ingest(tenant, [_event(customer, 7)])  # Feb 1 00:30: February's, under the new price
+
+    advance(clock, FEB + timedelta(hours=2))
+    february = _cycle(sub, FEB)
+    # January's 25 + 15 + 5 = 45 units at the old 3 cents, not the new 5.
+    assert _lines(february) == [(licensed.id, 1, 1000), (cheap.id, 45, 135)]
+    assert SubscriptionItem.objects.get(pk=item.id).price_id == dear.id
+
+    advance(clock, datetime(2027, 2, 10, tzinfo=UTC))
+    _ingest(tenant, [_event(customer, 10)])
+    advance(clock, datetime(2027, 3, 1, 2, tzinfo=UTC))
+    march = _cycle(sub, datetime(2027, 3, 1, tzinfo=UTC))
+    # February's 7 + 10 units at 5 cents, over the whole of February; January's are not billed again.
+    assert _lines(march) == [(licensed.id, 1, 1000), (dear.id, 17, 85)]
+    line = march.lines.get(price=dear)
+    assert (line.period_start, line.period_end) == (FEB, datetime(2027, 3, 1, tzinfo=UTC))
+
+
+def test_negative_control_usage_taken_after_the_scheduled_change_loses_the_removed_items_usage(book, monkeypatch):
+    from billing.services import close
+
+    tenant, clock, _customer, sub, item, licensed, _cheap, _ = _setup(book)
+    monkeypatch.setattr(close, "usage_before_schedule_locked", lambda sub: None)
+    _schedule(tenant, sub, [{"id": item.id, "deleted": True}])
+    advance(clock, FEB + timedelta(hours=2))
+    assert _lines(_cycle(sub, FEB)) == [(licensed.id, 1, 1000)]

@@ -14,7 +14,10 @@ The points (``POINTS``):
   committed; the gateway has not been called;
 - ``after_charge``: the gateway answered (the charge, if any, happened), nothing recorded yet;
 - ``during_record``: inside step 3's transaction, after its writes (invoice paid, period
-  advanced …), before it commits: PostgreSQL rolls all of it back.
+  advanced …), before it commits: PostgreSQL rolls all of it back;
+- ``after_usage``: inside step 1's transaction, once the close (or its page) has aggregated the
+  period's usage and the subscription has usage lines to bill, before the invoice is written or
+  committed: PostgreSQL rolls the page's step 1 back.
 
 The file is re-read at every seam, so a test arms the next point for the next book while a
 standby replica (which loaded this service at start) is already running, and disarms it (by
@@ -33,7 +36,7 @@ from hardcount.logfmt import logfmt
 
 logger = logging.getLogger("tests.system.faults")
 
-POINTS = ("after_prepare", "after_charge", "during_record")
+POINTS = ("after_prepare", "after_charge", "during_record", "after_usage")
 
 
 def arm(path: str, point: str | None, subscription_id: str | None = None) -> None:
@@ -81,9 +84,11 @@ class FaultPoints:
         close.hooks.after_prepare = lambda plan: _reached("after_prepare", plan.subscription_id)
         close.hooks.after_charge = lambda plan, result: _reached("after_charge", plan.subscription_id)
         close.hooks.during_record = lambda invoice, attempt, outcome: _reached("during_record", invoice.subscription_id)
+        close.hooks.after_usage = lambda subscription_id, lines: lines and _reached("after_usage", subscription_id)
         logger.info(logfmt("fault_points_installed", points=",".join(POINTS)))
 
     def stop(self) -> None:
         from billing.services import close
 
         close.hooks.after_prepare = close.hooks.after_charge = close.hooks.during_record = None
+        close.hooks.after_usage = None

@@ -1,16 +1,18 @@
 """Usage billing throughput: meter events ingested per second, and a period close's usage aggregation, each beside
 the plain-SQL floor on the same table in the same run.
 
-    .venv/bin/python bench/usage.py                          # 100 batches of 1,000 over HTTP; 1M events aggregated
-    .venv/bin/python bench/usage.py --aggregate-events 10000000    # the 10M aggregation (adds ~5-10 min)
-    .venv/bin/python bench/usage.py --profile                # also samples the gunicorn workers with py-spy
+    .venv/bin/python bench/usage_ingest.py                      # 100 batches of 1,000 over HTTP; 1M events aggregated
+    .venv/bin/python bench/usage_ingest.py --aggregate-events 10000000    # the 10M aggregation (adds ~5-10 min)
+    .venv/bin/python bench/usage_ingest.py --profile            # also samples the gunicorn workers with py-spy
+    .venv/bin/python bench/usage_ingest.py --skip-http --skip-aggregate   # the service call beside COPY only
 
 (a) Ingest. A real gunicorn (``hardcount/gunicorn.conf.py``, ``--web-workers`` × ``--web-threads``) serves
 ``POST /v1/billing/meter_events/batch``; ``--clients`` threads each post batches of ``--batch`` events (distinct
 identifiers, 10,000 customers round-robin, no timestamp: the billing time) until ``--batches`` are sent. Beside
 it, in this process on one connection: the service call the endpoint makes
 (:func:`billing.services.usage.record_meter_events`) on the same shape of batches, and a plain ``COPY`` of the
-same rows into ``billing_meterevent`` (the same table and index; no identifier guard, no validation).
+same rows into ``billing_meterevent`` (the same table and index; no identifier guard, no validation), the two
+alternating batch by batch.
 
 (b) Aggregation. ``--aggregate-events`` events (10,000 customers, one meter, spread over one past month) are
 written server-side (``INSERT … SELECT generate_series``), then the product's statement for 10,000 customers'
@@ -159,27 +161,19 @@ def bench_http(args, key: str, customer_ids: list[str]) -> tuple[float, int]:
     return accepted[0] / elapsed, accepted[0]
 
 
-def bench_service(args, tenant, customer_ids: list[str]) -> float:
-    """Events per second through :func:`record_meter_events` on this process's one connection."""
-    from billing.services.usage import record_meter_events
+def bench_service_and_copy(args, tenant, customer_ids: list[str]) -> tuple[float, float]:
+    """Events per second through :func:`record_meter_events` and through a plain ``COPY`` of the same rows into
+    ``billing_meterevent`` (one COPY and one commit per batch), on this process's one connection.
 
-    batches = [_batch(customer_ids, "svc", args.batch, n * args.batch) for n in range(args.batches)]
-    started = time.perf_counter()
-    total = 0
-    for events in batches:
-        results = record_meter_events(tenant_id=tenant.id, livemode=False, events=events)
-        total += sum(r.status == "accepted" for r in results)
-    elapsed = time.perf_counter() - started
-    assert total == args.batch * args.batches, total
-    return total / elapsed
-
-
-def bench_copy(args, tenant, customer_ids: list[str]) -> float:
-    """Events per second of a plain ``COPY`` of the same rows into ``billing_meterevent``, one COPY per batch."""
+    The two alternate batch by batch (a service batch, then a COPY batch), each timed on its own, so a change
+    in the machine's load during the run weighs on both alike and their ratio is taken over the same moments.
+    """
     from django.db import connection, transaction
 
+    from billing.services.usage import record_meter_events
     from hardcount.ids import new_id
 
+    batches = [_batch(customer_ids, "svc", args.batch, n * args.batch) for n in range(args.batches)]
     now = datetime.now(UTC).isoformat()
     buffers = []
     for n in range(args.batches):
@@ -191,13 +185,20 @@ def bench_copy(args, tenant, customer_ids: list[str]) -> float:
             out.write(f"{payload}\t{now}\t{now}\n")
         buffers.append(out.getvalue())
     columns = "id, tenant_id, livemode, event_name, customer_id, identifier, value, payload, timestamp, created_at"
-    started = time.perf_counter()
-    for data in buffers:
+    service_s = copy_s = 0.0
+    total = 0
+    for events, data in zip(batches, buffers, strict=True):
+        started = time.perf_counter()
+        results = record_meter_events(tenant_id=tenant.id, livemode=False, events=events)
+        service_s += time.perf_counter() - started
+        total += sum(r.status == "accepted" for r in results)
+        started = time.perf_counter()
         with transaction.atomic(), connection.cursor() as cursor:
             with cursor.cursor.copy(f"COPY billing_meterevent ({columns}) FROM STDIN") as copy:
                 copy.write(data)
-    elapsed = time.perf_counter() - started
-    return args.batch * args.batches / elapsed
+        copy_s += time.perf_counter() - started
+    assert total == args.batch * args.batches, total
+    return total / service_s, args.batch * args.batches / copy_s
 
 
 # --- (b) aggregation -------------------------------------------------------------------------------------------------
@@ -328,6 +329,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--skip-ingest", action="store_true")
+    parser.add_argument("--skip-http", action="store_true", help="(a) without the endpoint: service call and COPY")
+    parser.add_argument("--skip-aggregate", action="store_true", help="(a) only")
     args = parser.parse_args()
 
     import django
@@ -342,15 +345,20 @@ def main() -> None:
         n = args.batch * args.batches
         print(f"usage bench: {n:,} events in batches of {args.batch:,}; {args.aggregate_events:,} aggregated")
         if not args.skip_ingest:
-            http, accepted = bench_http(args, key, customer_ids)
-            assert accepted == n, accepted
-            service = bench_service(args, tenant, customer_ids)
-            copy = bench_copy(args, tenant, customer_ids)
-            print(f"  (a) batch endpoint, gunicorn {args.web_workers}×{args.web_threads}, {args.clients} clients: "
-                  f"{http:9,.0f} events/s   (target ≥ 10,000)")  # fmt: skip
+            http = None
+            if not args.skip_http:
+                http, accepted = bench_http(args, key, customer_ids)
+                assert accepted == n, accepted
+            service, copy = bench_service_and_copy(args, tenant, customer_ids)
+            if http is not None:
+                print(f"  (a) batch endpoint, gunicorn {args.web_workers}×{args.web_threads}, {args.clients} clients: "
+                      f"{http:9,.0f} events/s   (target ≥ 10,000)")  # fmt: skip
             print(f"      service call, 1 connection:            {service:9,.0f} events/s")
             print(f"      plain COPY, same rows, 1 connection:   {copy:9,.0f} events/s")
-            print(f"      service / COPY: {service / copy:.2f} (target ≥ 0.50);  endpoint / COPY: {http / copy:.2f}")
+            print(f"      service / COPY: {service / copy:.2f} (target ≥ 0.50)"
+                  + ("" if http is None else f";  endpoint / COPY: {http / copy:.2f}"))  # fmt: skip
+        if args.skip_aggregate:
+            return
         seeded = seed_events(tenant, customer_ids, args.aggregate_events)
         ours, floor, units = bench_aggregate(args, tenant, meter, customer_ids)
         print(f"  (b) {args.aggregate_events:,} events seeded in {seeded:.1f} s; {CUSTOMERS:,} customers' close:")
