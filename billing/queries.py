@@ -11,6 +11,8 @@ close's lock through :func:`due_condition`) takes it from there. Locks follow th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -116,59 +118,83 @@ def claim_due_page(
     tenant_id: str | None,
     test_clock_id: str | None,
     as_of: datetime | None,
-    exclude: list[str],
     page_size: int,
+    run_id: str | None = None,
+    after: tuple[datetime, str] | None = None,
+    exclude: list[str] = (),
     paused: bool = False,
-) -> list[tuple[str, int]]:
-    """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
+) -> list[tuple[str, int, datetime]]:
+    """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed, next_billing_at)``, in
+    ``(next_billing_at, id)`` order.
 
     Due as :func:`due_predicate` says (wall-clock subscriptions only, unless ``test_clock_id``
     names the clock whose subscriptions are drained), of mode ``livemode`` (and tenant
-    ``tenant_id`` when given), not in ``exclude`` (this run's attempted ones). ``FOR UPDATE SKIP
-    LOCKED`` passes over rows another transaction is closing right now; the CTE applies ``LIMIT``
-    once, so a page never exceeds ``page_size``. The claim commits at once: the close re-locks
-    each subscription and re-checks it is still due for the same period
+    ``tenant_id`` when given). ``run_id``: the claim is that billing run's: it passes over the rows
+    the run claimed already and marks those it returns (``claimed_by_run``), in the same statement,
+    so a run claims a subscription once whatever became of its close, with no list sent back.
+    ``after``: the ``(next_billing_at, id)`` of the run's last claimed row; only rows past it, so a
+    claim walks the due-scan index from where the last one stopped instead of over every row the run
+    left still due. ``exclude``: ids passed over as well (a bound array; the paused periods' pass).
+    ``FOR UPDATE SKIP LOCKED`` passes over rows another transaction is closing right now; the CTE
+    applies ``LIMIT`` once, so a page never exceeds ``page_size``. The claim commits at once: the
+    close re-locks each subscription and re-checks it is still due for the same period
     (:func:`lock_due_subscription`), and the invoice's unique index is the hard guard
-    (docs/decisions/0010-drain-claims-and-parallel-closes.md). ``paused``: claim the due periods
+    (docs/decisions/0010-drain-claims-and-parallel-closes.md, 0187). ``paused``: claim the due periods
     whose collection is paused instead (:func:`due_predicate`).
     """
     due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, paused=paused)
-    tenant_filter = "AND tenant_id = %s" if tenant_id else ""
-    sql = f"""
+    # The claim's terms, each with its parameters: a term added here (a shard, say) needs nothing else.
+    terms: list[tuple[str, list[object]]] = [("livemode = %s", [livemode]), (due, due_params)]
+    if tenant_id:
+        terms.append(("tenant_id = %s", [tenant_id]))
+    if run_id:
+        terms.append(("claimed_by_run IS DISTINCT FROM %s", [run_id]))
+    if after is not None:
+        terms.append(("(next_billing_at, id) > (%s::timestamptz, %s::text)", list(after)))
+    if exclude:
+        terms.append(("NOT (id = ANY(%s::text[]))", [list(exclude)]))
+    where = " AND ".join(f"({term})" for term, _ in terms)
+    params = [value for _, values in terms for value in values]
+    due_cte = f"""
         WITH due AS (
-            SELECT id, periods_billed, next_billing_at
-            FROM billing_subscription
-            WHERE livemode = %s
-              AND {due}
-              AND NOT (id = ANY(%s::text[]))
-              {tenant_filter}
-            ORDER BY next_billing_at
+            SELECT id FROM billing_subscription
+            WHERE {where}
+            ORDER BY next_billing_at, id
             LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
-        SELECT id, periods_billed FROM due ORDER BY next_billing_at
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [livemode, *due_params, exclude, *([tenant_id] if tenant_id else []), page_size])
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+    if run_id:
+        sql = f"""{due_cte}
+            UPDATE billing_subscription s SET claimed_by_run = %s FROM due WHERE s.id = due.id
+            RETURNING s.id, s.periods_billed, s.next_billing_at
+        """
+        params += [page_size, run_id]
+    else:
+        sql = f"""{due_cte}
+            SELECT s.id, s.periods_billed, s.next_billing_at FROM billing_subscription s JOIN due ON due.id = s.id
+        """
+        params += [page_size]
+    with bound_cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return sorted(((row[0], row[1], row[2]) for row in rows), key=lambda row: (row[2], row[0]))
 
 
-def still_due(subscription_ids: list[str], *, as_of: datetime | None) -> list[str]:
-    """STILL_DUE: which of ``subscription_ids`` are due again right after their close.
+@contextmanager
+def bound_cursor() -> Iterator:
+    """A cursor on the default connection (the caller's transaction) that binds its parameters on the server.
 
-    A subscription several periods behind is due again once one period is billed; a failed
-    one whose failure was not saved is still due. The drain puts these (and only these) in its
-    exclude list, which keeps the list, sent with every claim, as short as docs/reference/billing.md
-    allows. It asks only the date term of :func:`due_predicate`, so one that the close left waiting
-    on the retry ladder joins the list too.
+    Django's psycopg backend renders every parameter into the statement's text on the client; an
+    array of thousands of ids then costs its rendering here and its parsing there. This cursor sends
+    them as bound parameters (psycopg's binary or text formats) instead. ``%s`` placeholders as usual.
     """
-    if not subscription_ids:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id FROM billing_subscription WHERE id = ANY(%s::text[]) AND {_DUE_BY}", [subscription_ids, as_of]
-        )
-        return [row[0] for row in cursor.fetchall()]
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    # Wrapped as Django wraps its own cursors: counted and logged like every other statement.
+    with connection._prepare_cursor(ServerBindingCursor(connection.connection)) as cursor:
+        yield cursor
 
 
 def lock_due_subscription(
