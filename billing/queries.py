@@ -130,8 +130,8 @@ def claim_due_page(
     Due as :func:`due_predicate` says (wall-clock subscriptions only, unless ``test_clock_id``
     names the clock whose subscriptions are drained), of mode ``livemode`` (and tenant
     ``tenant_id`` when given). ``run_id``: the claim is that billing run's: it passes over the rows
-    the run claimed already and marks those it returns (``claimed_by_run``), in the same statement,
-    so a run claims a subscription once whatever became of its close, with no list sent back.
+    the run marked (:func:`mark_still_due`: those it attempted that were still due afterwards), so a
+    run attempts a subscription once whatever became of its close, with no list sent back.
     ``after``: the ``(next_billing_at, id)`` of the run's last claimed row; only rows past it, so a
     claim walks the due-scan index from where the last one stopped instead of over every row the run
     left still due. ``exclude``: ids passed over as well (a bound array; the paused periods' pass).
@@ -155,30 +155,38 @@ def claim_due_page(
         terms.append(("NOT (id = ANY(%s::text[]))", [list(exclude)]))
     where = " AND ".join(f"({term})" for term, _ in terms)
     params = [value for _, values in terms for value in values]
-    due_cte = f"""
+    sql = f"""
         WITH due AS (
-            SELECT id FROM billing_subscription
+            SELECT id, periods_billed, next_billing_at FROM billing_subscription
             WHERE {where}
             ORDER BY next_billing_at, id
             LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
+        SELECT id, periods_billed, next_billing_at FROM due ORDER BY next_billing_at, id
     """
-    if run_id:
-        sql = f"""{due_cte}
-            UPDATE billing_subscription s SET claimed_by_run = %s FROM due WHERE s.id = due.id
-            RETURNING s.id, s.periods_billed, s.next_billing_at
-        """
-        params += [page_size, run_id]
-    else:
-        sql = f"""{due_cte}
-            SELECT s.id, s.periods_billed, s.next_billing_at FROM billing_subscription s JOIN due ON due.id = s.id
-        """
-        params += [page_size]
     with bound_cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return sorted(((row[0], row[1], row[2]) for row in rows), key=lambda row: (row[2], row[0]))
+        cursor.execute(sql, [*params, page_size])
+        return [(row[0], row[1], row[2]) for row in cursor.fetchall()]
+
+
+def mark_still_due(run_id: str, subscription_ids: list[str], *, as_of: datetime | None) -> int:
+    """MARK_STILL_DUE: mark those of ``subscription_ids`` (a run's attempted page) that are due again right after
+    their close as claimed by run ``run_id``; returns how many.
+
+    A subscription several periods behind is due again once one period is billed; a failed one whose
+    failure was not saved is still due. Only these are written (the date term of :func:`due_predicate`,
+    so one the close left waiting on the retry ladder is marked too): the others are no longer due, and
+    no claim returns them. The ids go as one bound array.
+    """
+    if not subscription_ids:
+        return 0
+    with bound_cursor() as cursor:
+        cursor.execute(
+            f"UPDATE billing_subscription SET claimed_by_run = %s WHERE id = ANY(%s::text[]) AND {_DUE_BY}",
+            [run_id, list(subscription_ids), as_of],
+        )
+        return cursor.rowcount
 
 
 @contextmanager

@@ -81,8 +81,8 @@ class Subscription(TenantScoped):
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # The billing run that claimed it last (a BillingRun id; no foreign key, which would lock the run's row
-    # at every claim): a run's claims pass over the rows it claimed already (docs/decisions/0187).
+    # The billing run that attempted it last and left it due (a BillingRun id; no foreign key, which would
+    # lock the run's row at every mark): that run's claims pass over it (docs/decisions/0187).
     claimed_by_run = models.CharField(max_length=40, null=True, blank=True, editable=False)
 
     # -- Item changes (docs/decisions/0140, 0141) --------------------------------------

@@ -31,7 +31,7 @@ from billing import gateway as gw
 from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
-from billing.queries import claim_due_page
+from billing.queries import claim_due_page, mark_still_due
 from billing.services import pausing
 from billing.services.charge_pool import ChargePool, Pending
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
@@ -159,7 +159,7 @@ def drain_due(
     # Where the run's claims have got to (the last claimed (next_billing_at, id)); a lap that claimed
     # anything is followed by another from the start, for rows that were locked or not yet due.
     cursor: tuple[datetime, str] | None = None
-    lap_claimed = exhausted = stopping = False
+    lap_claimed = exhausted = stopping = lap_ends = False
     try:
         while not (exhausted and not in_flight):
             # A page's charge locks (a test clock's) are freed once its outcomes are recorded.
@@ -168,7 +168,7 @@ def drain_due(
                     # A safe point: no more claims; the pages in flight finish (their sends not yet
                     # started are abandoned) before the drain stops.
                     exhausted = stopping = True
-                if not exhausted:
+                if not exhausted and not lap_ends:
                     try:
                         with transaction.atomic():
                             fence.check()
@@ -201,18 +201,27 @@ def drain_due(
                             )
                         )
                     elif cursor is not None and lap_claimed:
-                        cursor, lap_claimed = None, False
-                        continue
+                        # The next lap starts once the pages in flight are recorded and their still-due rows marked.
+                        cursor, lap_claimed, lap_ends = None, False, True
                     else:
                         exhausted = True
-                if in_flight and (exhausted or len(in_flight) >= depth):
-                    results = _finish_page(
-                        in_flight.popleft(), pool, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
-                    )
+                if in_flight and (exhausted or lap_ends or len(in_flight) >= depth):
+                    page = in_flight.popleft()
+                    results = _finish_page(page, pool, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
                     _count_page(results, run)
+                    try:
+                        with transaction.atomic():
+                            fence.check()
+                            mark_still_due(run.id, [item[0] for item in page.items], as_of=as_of)
+                    except DatabaseError as exc:
+                        log.error("billing drain %s ended by a database error: %s", run.id, exc)
+                        _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
+                        return run
                     _save_counts(run, fence)
                     if on_page is not None:
                         on_page(run)
+                if not in_flight:
+                    lap_ends = False
         if stopping:
             raise LeaseLost("billing lease lost: drain stopped at a safe point")
         _finish_run(run, BillingRun.Status.COMPLETED, fence)
@@ -273,7 +282,7 @@ def _carry_on(run: BillingRun, *, fence: Fence) -> bool:
     """Take over a ``running`` run under ``fence`` (its token and its counts so far, from its billing attempts).
 
     False when the run is no longer ``running``. ``run`` is updated in memory. The subscriptions it
-    claimed already carry its mark (``claimed_by_run``), so its claims pass over them.
+    attempted that were still due carry its mark (``claimed_by_run``), so its claims pass over them.
     """
     with transaction.atomic():
         fence.check()
@@ -348,8 +357,10 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
 
 @dataclass
 class _Page:
-    """A page under way: each task is ``("send", PreparedClose, Pending)`` or ``("close", item, Pending)``."""
+    """A page under way: its claimed ``items``; each task is ``("send", PreparedClose, Pending)`` or
+    ``("close", item, Pending)``."""
 
+    items: list[tuple[str, int]]
     tasks: list[tuple[str, object, Pending]]
 
 
@@ -399,7 +410,7 @@ def _start_page(
         )
         tasks.append(("send", p, pending))
     tasks += [("close", item, pool.submit(close, item)) for item in others]
-    return _Page(tasks)
+    return _Page(page, tasks)
 
 
 def _finish_page(

@@ -11,7 +11,7 @@ from datetime import timedelta
 from django.db import connections, transaction
 
 from billing.models import BillingAttempt, Subscription
-from billing.queries import claim_due_page
+from billing.queries import claim_due_page, mark_still_due
 from billing.services.drain import drain_due
 from hardcount.times import database_now
 
@@ -29,12 +29,15 @@ def _claim(run_id=None, after=None, page_size=10):
         )
 
 
-def test_a_run_s_claim_passes_over_what_it_claimed_and_another_run_s_does_not(book, tenant):
+def test_a_run_s_claim_passes_over_what_it_marked_and_another_run_s_does_not(book, tenant):
     subs = [book.subscribed(tenant) for _ in range(3)]
+    paid = book.subscribed(tenant, anchor=database_now() + timedelta(days=1))  # not due: never marked
     first = _claim("brun_a")
     assert sorted(row[0] for row in first) == sorted(s.id for s in subs)
+    with transaction.atomic():
+        assert mark_still_due("brun_a", [row[0] for row in first] + [paid.id], as_of=None) == 3
     assert _claim("brun_a") == []  # nothing sent back: the rows carry the mark
-    assert set(Subscription.objects.values_list("claimed_by_run", flat=True)) == {"brun_a"}
+    assert set(Subscription.objects.values_list("claimed_by_run", flat=True)) == {"brun_a", None}
     # Negative control: another run (or no run at all) claims the same due rows again.
     assert len(_claim("brun_b")) == 3
     assert len(_claim()) == 3
