@@ -83,7 +83,8 @@ class Pending:
         self._done = threading.Event()
         self._value: object = None
 
-    def _set(self, value: object) -> None:
+    def set_result(self, value: object) -> None:
+        """Hand the call's value (or the exception it raised) to whoever waits on :meth:`result`."""
         self._value = value
         self._done.set()
 
@@ -165,9 +166,9 @@ class ChargePool:
                     return
                 self._busy += 1
             try:
-                job.pending._set(job.fn())
+                job.pending.set_result(job.fn())
             except BaseException as exc:  # handed to the caller, which decides
-                job.pending._set(exc)
+                job.pending.set_result(exc)
             finally:
                 with self._cond:
                     self._busy -= 1

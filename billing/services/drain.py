@@ -2,14 +2,17 @@
 
 ``drain_due`` bills page after page of due subscriptions until a page comes back empty;
 ``page_size`` is a page size, never a cap. Each page is claimed with ``FOR UPDATE SKIP
-LOCKED`` (:func:`billing.queries.claim_due_page`), then its closes run in parallel on up to
-``concurrency`` threads, each with its own database connection
-(``HARDCOUNT_BILLING_CONCURRENCY``, default 8). An attempted subscription still due after its
-attempt (a failure not saved, one skipped, one several periods behind) joins the run's exclude
-list, so each is attempted at most once per run and a failing one never leads every page.
-There is no circuit breaker: a run never stops after N failures; a database error in the
-drain's own statements ends it. Why parallel closes keep exactly-once:
-docs/decisions/0010-drain-claims-and-parallel-closes.md.
+LOCKED`` (:func:`billing.queries.claim_due_page`); its plain closes share their database steps
+(:mod:`billing.services.page`) and its other closes run on up to ``concurrency`` threads, each with
+its own database connection (``HARDCOUNT_BILLING_CONCURRENCY``, default 8). The page's charges go
+to sender threads that hold no connection (:mod:`billing.services.charge_pool`, bounded per gateway
+account), and the next page is claimed and prepared while they are out (decisions 0186, 0188). An
+attempted subscription still due after its page (a failure not saved, one skipped, one several
+periods behind) is marked with the run (:func:`billing.queries.mark_still_due`) and each claim
+starts past the run's last one, so each is attempted at most once per run, a failing one never
+leads every page, and nothing grows with the run (decision 0187). There is no circuit breaker: a
+run never stops after N failures; a database error in the drain's own statements ends it. Why
+parallel closes keep exactly-once: docs/decisions/0010-drain-claims-and-parallel-closes.md.
 """
 
 from __future__ import annotations
@@ -466,9 +469,10 @@ def _finish_page(
 class _ClosePool:
     """Up to ``size`` worker threads, each with its own database connection, closed at shutdown.
 
-    ``map(fn, items)`` runs one page and returns results in item order; an exception (including
-    a ``BaseException`` such as a test's simulated kill) is returned in place of the result.
-    With ``size`` 1 the page runs on the caller's thread and connection.
+    ``submit(fn, item)`` queues one call and returns its :class:`Pending`; ``map(fn, items)`` runs
+    them all and returns results in item order; an exception (including a ``BaseException`` such as
+    a test's simulated kill) is returned in place of the result. With ``size`` 1 every call runs on
+    the caller's thread and connection, at once.
     """
 
     def __init__(self, size: int):
@@ -484,9 +488,9 @@ class _ClosePool:
                     return
                 fn, item, pending = task
                 try:
-                    pending._set(fn(item))
+                    pending.set_result(fn(item))
                 except BaseException as exc:  # handed to the drain's thread, which decides
-                    pending._set(exc)
+                    pending.set_result(exc)
         finally:
             connections.close_all()
 
@@ -495,9 +499,9 @@ class _ClosePool:
         if self.size == 1:
             pending = Pending()
             try:
-                pending._set(fn(item))
+                pending.set_result(fn(item))
             except (_Abandoned, LeaseLost) as exc:
-                pending._set(exc)
+                pending.set_result(exc)
             return pending
         self._start_threads(self.size)
         pending = Pending()
