@@ -3,6 +3,8 @@
     .venv/bin/python bench/drain.py                       # the full run: 20,000 subscriptions (~25-40 min)
     .venv/bin/python bench/drain.py --subscriptions 2000 --latency-subscriptions 200   # a quick run (~3 min)
     .venv/bin/python bench/drain.py --modes a --concurrency 8 --profile a:8           # where the time goes
+    .venv/bin/python bench/drain.py --subscriptions 200000 --tenants 1000 --modes ad --concurrency 8 \
+        --no-sql-limit --claims 0 --rss 20000 200000                                  # the large book
 
 Each figure bills a fresh copy of the same book: ``seed_demo`` (devstack/seed.py) with
 ``--subscriptions`` subscriptions and ``--seed``, seeded once into a template database on the
@@ -18,7 +20,16 @@ Figures, each at ``HARDCOUNT_BILLING_CONCURRENCY`` 1 and 8 (``--concurrency``), 
   for each run); the first charge of a customer is three requests (customer, attach,
   PaymentIntent), as in production;
 - (c) the stub with 200 ms of latency per charge (``--latency-ms``), on a book of
-  ``--latency-subscriptions`` (serially, 200 ms × 20,000 would take 67 minutes).
+  ``--latency-subscriptions`` (serially, 200 ms × 20,000 would take 67 minutes);
+- (d) the stub with 300 ms of latency per charge (``--latency-d-ms``) on the same book as (a), in the
+  same run: the gateway's latency hidden by the charges in flight, held to 80% of (a)'s rate.
+
+``--tenants N`` splits the book over N tenants, each charged through a stub account of its own, so
+``--requests-per-s R`` (each account's rate limit; 0, the default, none) bounds each tenant apart.
+``--claims N`` times a page claim at page 1 and past N rows the run claimed and left due (added
+as copies of one of the book's), against the exclude list it replaced (with ``--old-claims`` ids: its
+cost grows with the list times the rows it passes). ``--rss SMALL LARGE`` seeds two books and drains
+each in a fresh process at (d)'s latency, printing its peak RSS (``ru_maxrss``) and the ratio.
 
 The SQL limit: the same number of minimal single-row close transactions (claim one due
 subscription with ``FOR UPDATE SKIP LOCKED``, insert its invoice, advance its period; commit)
@@ -67,6 +78,7 @@ MODE_NAMES = {
     "a": "(a) instant stub, in-process",
     "b": "(b) stripe library -> localstripe",
     "c": "(c) stub + {latency} ms per charge",
+    "d": "(d) stub + {latency_d} ms per charge",
 }
 
 
@@ -112,21 +124,26 @@ def _clone(template: str, name: str) -> None:
     _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
 
 
-def _make_book(name: str, subscriptions: int, seed: int) -> tuple[int, float]:
-    """Clone the migrated empty database into ``name`` and seed the demo book there; (due, seconds to seed)."""
+def _make_book(name: str, subscriptions: int, seed: int, tenants: int = 1) -> tuple[int, float]:
+    """Clone the migrated empty database into ``name`` and seed the demo book there, split evenly over
+    ``tenants`` tenants (each its own seed); (due, seconds to seed)."""
     from devstack.seed import seed_demo_book
     from hardcount.models import Tenant
 
     _clone(EMPTY_DB, name)
     _use_database(name)
-    tenant = Tenant.objects.create(name="Bench")
     started = time.perf_counter()
-    summary = seed_demo_book(
-        tenant_id=tenant.id, subscriptions=subscriptions, seed=seed, webhook_url="http://127.0.0.1:1/receiver"
-    )
+    due = 0
+    for index in range(tenants):
+        tenant = Tenant.objects.create(name=f"Bench {index}")
+        share = subscriptions // tenants + (1 if index < subscriptions % tenants else 0)
+        summary = seed_demo_book(
+            tenant_id=tenant.id, subscriptions=share, seed=seed + index, webhook_url="http://127.0.0.1:1/receiver"
+        )
+        due += summary.due
     elapsed = time.perf_counter() - started
     _use_database("postgres")
-    return summary.due, elapsed
+    return due, elapsed
 
 
 def _prepare_empty() -> None:
@@ -162,8 +179,10 @@ CLAIM_ONE = """
 INSERT_INVOICE = """
     INSERT INTO billing_invoice (id, tenant_id, livemode, customer_id, subscription_id, status, currency,
         period_start, period_end, subtotal, tax, tax_rate_bps, tax_status, credit_applied, total, amount_due,
-        amount_paid, payment_intent_id, attempt_count, created_at)
-    VALUES (%s, %s, false, %s, %s, 'open', %s, %s, %s, %s, 0, 0, 'not_applicable', 0, %s, %s, 0, '', 0, now())
+        amount_paid, payment_intent_id, attempt_count, created_at, billing_reason, hosted_url_version, total_discount,
+        post_payment_credit_notes_amount, pre_payment_credit_notes_amount)
+    VALUES (%s, %s, false, %s, %s, 'open', %s, %s, %s, %s, 0, 0, 'not_applicable', 0, %s, %s, 0, '', 0, now(),
+        'subscription_cycle', 0, 0, 0, 0)
     ON CONFLICT DO NOTHING
 """
 ADVANCE = "UPDATE billing_subscription SET periods_billed = %s, next_billing_at = %s, updated_at = now() WHERE id = %s"
@@ -227,8 +246,9 @@ class StubGateway:
     else succeeds. The sleep releases the GIL like a socket wait does.
     """
 
-    def __init__(self, latency_s: float = 0.0):
+    def __init__(self, latency_s: float = 0.0, account: str = "stub:bench"):
         self.latency_s = latency_s
+        self.account = account
 
     def charge(self, req):
         from billing import gateway as gw
@@ -282,12 +302,25 @@ _real_get_gateway: list = []
 
 
 def _install_gateway(gateway) -> None:
-    """Make ``billing.gateway.get_gateway`` return ``gateway`` (None: the real one, for localstripe)."""
+    """Make ``billing.gateway.get_gateway`` return ``gateway`` (None: the real one, for localstripe), and each
+    tenant's charges go to a stub of its own account (``stub:{tenant}``, for the per-account limit)."""
     from billing import gateway as gw
+    from billing.services import payments
 
     if not _real_get_gateway:
-        _real_get_gateway.append(gw.get_gateway)
-    gw.get_gateway = (lambda: gateway) if gateway is not None else _real_get_gateway[0]
+        _real_get_gateway.append((gw.get_gateway, payments.gateway_for))
+    real_get_gateway, real_gateway_for = _real_get_gateway[0]
+    if gateway is None:
+        gw.get_gateway, payments.gateway_for = real_get_gateway, real_gateway_for
+        return
+    stubs: dict[str, StubGateway] = {}
+
+    def gateway_for(tenant_id: str, livemode: bool) -> StubGateway:
+        if tenant_id not in stubs:
+            stubs[tenant_id] = StubGateway(gateway.latency_s, account=f"stub:{tenant_id}")
+        return stubs[tenant_id]
+
+    gw.get_gateway, payments.gateway_for = (lambda: gateway), gateway_for
 
 
 # --- profiling -------------------------------------------------------------------------------------------------------
@@ -410,7 +443,7 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
         gw._gateways.clear()
         _install_gateway(None)
     else:
-        _install_gateway(StubGateway(latency_ms / 1000 if mode == "c" else 0.0))
+        _install_gateway(StubGateway(latency_ms / 1000 if mode in "cd" else 0.0))
     profiler = Profiler(profile_path) if profile_path else None
     try:
         server = ServerCpu()
@@ -426,7 +459,7 @@ def run_drain(mode: str, concurrency: int, *, template: str, latency_ms: float, 
         _use_database("postgres")
     if profiler:
         print("\n".join(profiler.report()), flush=True)
-    label = MODE_NAMES[mode].format(latency=f"{latency_ms:.0f}")
+    label = MODE_NAMES[mode].format(latency=f"{latency_ms:.0f}", latency_d=f"{latency_ms:.0f}")
     return Figure(label, concurrency, run.attempted, run.billed, run.failed, elapsed, cpu, server_cpu)
 
 
@@ -589,6 +622,163 @@ def _shard_bench(args) -> None:
     print(f"{os.cpu_count()} CPUs; load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
 
 
+# --- the claim's cost -----------------------------------------------------------------------------------------------
+
+# The claim as it was before the run's mark: the run's exclude list sent with every claim, rendered into
+# the statement's text by Django's client-side binding.
+OLD_CLAIM = """
+    WITH due AS (
+        SELECT id, periods_billed, next_billing_at FROM billing_subscription
+        WHERE livemode = false AND {due} AND NOT (id = ANY(%s::text[]))
+        ORDER BY next_billing_at LIMIT %s FOR UPDATE SKIP LOCKED
+    )
+    SELECT id, periods_billed FROM due ORDER BY next_billing_at
+"""
+BENCH_RUN = "brun_bench_claims"
+
+
+def _timed_claims(claim, repeats: int) -> float:
+    """Median milliseconds of ``claim()`` in its own transaction, rolled back (so every repeat claims the same
+    page); the median, since the machine is shared and a single slow repeat says nothing of the claim."""
+    import statistics
+
+    from django.db import transaction
+
+    claim()  # warm the plan and the cache
+    times = []
+    for _ in range(repeats):
+        with transaction.atomic():
+            started = time.perf_counter()
+            claim()
+            times.append(time.perf_counter() - started)
+            transaction.set_rollback(True)
+    return 1000 * statistics.median(times)
+
+
+def _add_claimed_rows(count: int, start: int = 1) -> tuple:
+    """Add ``count`` due subscriptions ahead of the book, marked as claimed by :data:`BENCH_RUN` and left due
+    (a run's failures), copied from one of the book's; returns the (next_billing_at, id) of the last."""
+    from django.db import connection
+
+    from billing.models import Subscription
+
+    columns = [f.column for f in Subscription._meta.concrete_fields]
+    values = {
+        "id": "'sub_bench_' || lpad(g::text, 9, '0')",
+        "next_billing_at": "t.next_billing_at - interval '30 days'",
+        "claimed_by_run": f"'{BENCH_RUN}'",
+    }
+    select = ", ".join(values.get(c, f"t.{c}") for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO billing_subscription ({', '.join(columns)}) SELECT {select} FROM generate_series(%s, %s) g,"
+            " (SELECT * FROM billing_subscription WHERE livemode = false AND status = 'active'"
+            " AND test_clock_id IS NULL AND next_billing_at <= now() ORDER BY next_billing_at LIMIT 1) t",
+            [start, start + count - 1],
+        )
+        cursor.execute("ANALYZE billing_subscription")
+        cursor.execute(
+            "SELECT next_billing_at, id FROM billing_subscription WHERE claimed_by_run = %s"
+            " ORDER BY next_billing_at DESC, id DESC LIMIT 1",
+            [BENCH_RUN],
+        )
+        return cursor.fetchone()
+
+
+def claim_costs(template: str, excluded: int, old_excluded: int, page_size: int = 100, repeats: int = 20) -> list[str]:
+    """Page-claim times, the run's mark against the exclude list it replaced: at page 1, and with subscriptions
+    the run claimed and left due ahead of the rest (as after that many failures): ``old_excluded`` of them for
+    both, then ``excluded`` for the mark alone (the list's cost grows with the list times the rows it passes);
+    lines to print."""
+    from django.db import connection
+
+    from billing.queries import claim_due_page, due_predicate
+
+    _clone(template, RUN_DB)
+    _use_database(RUN_DB)
+    try:
+        due, due_params = due_predicate(test_clock_id=None, as_of=None)
+
+        def new(after=None):
+            return lambda: claim_due_page(
+                livemode=False, tenant_id=None, test_clock_id=None, as_of=None, page_size=page_size,
+                run_id=BENCH_RUN, after=after,
+            )  # fmt: skip
+
+        def old(exclude):
+            def claim():
+                with connection.cursor() as cursor:
+                    cursor.execute(OLD_CLAIM.format(due=due), [*due_params, exclude, page_size])
+                    return cursor.fetchall()
+
+            return claim
+
+        first_old, first_new = _timed_claims(old([]), repeats), _timed_claims(new(), repeats)
+        last = _add_claimed_rows(old_excluded)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT id FROM billing_subscription WHERE claimed_by_run = %s", [BENCH_RUN])
+            ids = [row[0] for row in cursor.fetchall()]
+        mid_new = _timed_claims(new(tuple(last)), repeats)
+        mid_old = _timed_claims(old(ids), 2)
+        started = time.perf_counter()
+        last = _add_claimed_rows(excluded - old_excluded, start=old_excluded + 1)
+        added_s = time.perf_counter() - started
+        deep_new = _timed_claims(new(tuple(last)), repeats)
+        lap_new = _timed_claims(new(), 2)
+    finally:
+        _use_database("postgres")
+    ratio = deep_new / first_new
+    return [
+        f"  claim of a page of {page_size} (median of {repeats}; of 2 for the slow ones), the book plus rows the run "
+        f"left due ahead of it ({excluded - old_excluded} of them added in {added_s:.1f} s):",
+        f"    run's mark + cursor: page 1 {first_new:7.2f} ms; past {old_excluded} left due {mid_new:7.2f} ms; past "
+        f"{excluded} {deep_new:7.2f} ms ({ratio:.2f}x page 1; target <= 1.5x -> {'met' if ratio <= 1.5 else 'MISSED'})",
+        f"    run's mark, a new lap from the start (walks the {excluded} once): {lap_new:7.2f} ms",
+        f"    exclude list (before): page 1 {first_old:7.2f} ms; with {old_excluded} ids {mid_old:9.2f} ms "
+        f"({mid_old / first_old:.0f}x page 1)",
+    ]
+
+
+# --- peak RSS of a drain ---------------------------------------------------------------------------------------------
+
+
+def drain_child(database: str, latency_ms: float, concurrency: int) -> None:
+    """In a fresh process: one drain of ``database`` with the stub gateway; prints its figures as JSON."""
+    import json
+
+    from billing.services.drain import drain_due
+
+    _use_database(database)
+    _install_gateway(StubGateway(latency_ms / 1000))
+    started = time.perf_counter()
+    run = drain_due(livemode=False, trigger="manual", page_size=100, concurrency=concurrency)
+    print(json.dumps({"attempted": run.attempted, "seconds": time.perf_counter() - started}), flush=True)
+
+
+def drain_rss(template: str, latency_ms: float, concurrency: int) -> tuple[float, int, float]:
+    """Peak RSS (MB) of a fresh process draining a clone of ``template``; (MB, attempted, seconds)."""
+    import json
+
+    from django.db import connections
+
+    _clone(template, RUN_DB)
+    connections.close_all()
+    rate = os.environ.get("HARDCOUNT_GATEWAY_REQUESTS_PER_S", "0")
+    child = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--drain-child", RUN_DB, "--latency-ms", str(latency_ms),
+         "--concurrency", str(concurrency), "--requests-per-s", rate],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )  # fmt: skip
+    out = child.stdout.read().decode()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode:
+        raise RuntimeError(f"the drain's process exited {child.returncode}")
+    figures = json.loads(out.strip().splitlines()[-1])
+    return usage.ru_maxrss / 1024, figures["attempted"], figures["seconds"]
+
+
 # --- main ------------------------------------------------------------------------------------------------------------
 
 
@@ -598,17 +788,35 @@ def main() -> None:
     parser.add_argument("--latency-subscriptions", type=int, default=400, help="book size for (c)")
     parser.add_argument("--latency-ms", type=float, default=200.0, help="(c): gateway latency per charge")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--modes", default="abc", help="which of a, b, c to run (default abc)")
+    parser.add_argument("--modes", default="abcd", help="which of a, b, c, d to run (default abcd)")
+    parser.add_argument("--latency-d-ms", type=float, default=300.0, help="(d): gateway latency per charge")
+    parser.add_argument("--tenants", type=int, default=1, help="split the book over this many tenants")
+    parser.add_argument(
+        "--requests-per-s", type=float, default=0.0, help="each stub account's rate limit, requests/s (0: none)"
+    )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--sql-limit", action=argparse.BooleanOptionalAction, default=True, help="measure it")
+    parser.add_argument(
+        "--claims", type=int, default=500_000, help="page-claim time past this many left-due rows (0: skip)"
+    )
+    parser.add_argument("--old-claims", type=int, default=20_000, help="the same for the old exclude list")
+    parser.add_argument(
+        "--rss", type=int, nargs=2, default=None, metavar=("SMALL", "LARGE"), help="peak RSS of a drain of two books"
+    )
     parser.add_argument("--profile", action="append", default=[], help="MODE:CONCURRENCY to sample with py-spy")
     parser.add_argument("--keep", action="store_true", help="keep the bench_drain_* databases")
     parser.add_argument("--shards", type=int, nargs="+", help="measure these billing shard counts instead (e.g. 1 2)")
     parser.add_argument("--shard-tenants", type=int, default=8, help="with --shards: tenants of the book (even)")
+    parser.add_argument("--drain-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    os.environ["HARDCOUNT_GATEWAY_REQUESTS_PER_S"] = str(args.requests_per_s)  # the drain's child reads it too
     import django
 
     django.setup()
+    if args.drain_child:
+        drain_child(args.drain_child, args.latency_ms, args.concurrency[0])
+        return
 
     if args.shards:
         print(
@@ -628,14 +836,17 @@ def main() -> None:
     figures: list[Figure] = []
     try:
         _prepare_empty()
-        due, seed_s = _make_book(BOOK_DB, args.subscriptions, args.seed)
-        print(f"  seeded {args.subscriptions} subscriptions ({due} due) in {seed_s:.1f} s", flush=True)
+        due, seed_s = _make_book(BOOK_DB, args.subscriptions, args.seed, args.tenants)
+        print(
+            f"  seeded {args.subscriptions} subscriptions over {args.tenants} tenant(s) ({due} due) in {seed_s:.1f} s",
+            flush=True,
+        )
         small_due = 0
         if "c" in args.modes:
             small_due, _ = _make_book(SMALL_BOOK_DB, args.latency_subscriptions, args.seed)
 
-        limits = {}
-        for count in (1, 4):
+        limits = {1: float("nan"), 4: float("nan")}
+        for count in (1, 4) if args.sql_limit else ():
             _clone(BOOK_DB, RUN_DB)
             closes, seconds = sql_limit(count)
             limits[count] = closes / seconds
@@ -646,7 +857,11 @@ def main() -> None:
             )
         limit = limits[4]
 
-        for mode in "abc":
+        if args.claims:
+            for line in claim_costs(BOOK_DB, args.claims, min(args.old_claims, args.claims)):
+                print(line, flush=True)
+
+        for mode in "abcd":
             if mode not in args.modes:
                 continue
             for concurrency in args.concurrency:
@@ -658,11 +873,23 @@ def main() -> None:
                     mode,
                     concurrency,
                     template=SMALL_BOOK_DB if mode == "c" else BOOK_DB,
-                    latency_ms=args.latency_ms,
+                    latency_ms=args.latency_d_ms if mode == "d" else args.latency_ms,
                     profile_path=profile_path,
                 )
                 figures.append(figure)
                 print(_line(figure, limit), flush=True)
+
+        rss = []
+        for size in args.rss or ():
+            _make_book(SMALL_BOOK_DB, size, args.seed, args.tenants)
+            mb, attempted, seconds = drain_rss(SMALL_BOOK_DB, args.latency_d_ms, args.concurrency[-1])
+            rss.append((size, mb, attempted, seconds))
+            print(
+                f"  peak RSS of a drain of {size} subscriptions over {args.tenants} tenant(s), "
+                f"{args.latency_d_ms:.0f} ms per charge: {mb:.0f} MB ({attempted} closes in {seconds:.1f} s = "
+                f"{attempted / seconds:.1f}/s)",
+                flush=True,
+            )
     finally:
         if not args.keep:
             _drop_all()
@@ -683,6 +910,13 @@ def main() -> None:
     print(f"{'SQL limit, 4 connections':<38} {'':>4} {'':>6} {'':>8} {limit:>8.1f} {1.0:>8.3f}")
     print()
     _targets(figures, limit, args)
+    if len(rss) == 2:
+        (small, small_mb, *_), (large, large_mb, *_) = rss
+        ratio = large_mb / small_mb
+        print(
+            f"  peak RSS, {large} against {small}: {large_mb:.0f} MB / {small_mb:.0f} MB = {ratio:.2f}x "
+            f"(target <= 1.5x) -> {'met' if ratio <= 1.5 else 'MISSED'}"
+        )
     if "c" in args.modes:
         serial_min = args.latency_ms * args.subscriptions / 60000
         print(
@@ -709,6 +943,14 @@ def _targets(figures: list[Figure], limit: float, args) -> None:
     if a8:
         verdict = "met" if a8.rate >= 0.4 * limit else "MISSED"
         print(f"  (a) at concurrency 8 >= 40% of the 4-connection SQL limit: {100 * a8.rate / limit:.1f}% -> {verdict}")
+    for concurrency in args.concurrency:
+        a, d = by.get(("a", concurrency)), by.get(("d", concurrency))
+        if a and d:
+            share = d.rate / a.rate
+            print(
+                f"  (d) {args.latency_d_ms:.0f} ms per charge >= 80% of (a) at concurrency {concurrency}: "
+                f"{100 * share:.1f}% -> {'met' if share >= 0.8 else 'MISSED'}"
+            )
     c1, c8 = by.get(("c", 1)), by.get(("c", 8))
     if c1 and c8:
         speedup = c8.rate / c1.rate

@@ -163,6 +163,26 @@ def gateway_for(tenant_id: str, livemode: bool) -> gw.Gateway:
     return gateway or gw.get_gateway()
 
 
+# Stripe's rate limits per account (https://docs.stripe.com/rate-limits): about 100 requests a second
+# in live mode and 25 in test mode. Another gateway (localstripe, the strict dev Stripe) has none of its own.
+STRIPE_REQUESTS_PER_S = {True: 100.0, False: 25.0}
+
+
+def requests_per_s(livemode: bool) -> float:
+    """How many requests a second one gateway account takes in ``livemode`` (0.0: no bound).
+
+    ``HARDCOUNT_GATEWAY_REQUESTS_PER_S`` when set (0 for none), else Stripe's own limits
+    (:data:`STRIPE_REQUESTS_PER_S`) when the charges go to Stripe itself (``STRIPE_API_BASE``
+    unset), else none. Every account of a mode has the same limit: Stripe raises an account's on
+    request, and an operator raises the setting with it. The drain's senders keep each account under
+    it (:mod:`billing.services.charge_pool`); a 429 still closes the account's gate (decision 0133).
+    """
+    configured = settings.HARDCOUNT_GATEWAY_REQUESTS_PER_S
+    if configured is not None:
+        return max(0.0, float(configured))
+    return 0.0 if settings.STRIPE_API_BASE else STRIPE_REQUESTS_PER_S[livemode]
+
+
 def _forget(tenant_id: str, livemode: bool, account: GatewayAccount | None) -> None:
     """Drop the cached client of ``account`` (the one being replaced or removed)."""
     with _bound_lock:

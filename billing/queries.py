@@ -11,6 +11,8 @@ close's lock through :func:`due_condition`) takes it from there. Locks follow th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -129,64 +131,96 @@ def claim_due_page(
     tenant_id: str | None,
     test_clock_id: str | None,
     as_of: datetime | None,
-    exclude: list[str],
     page_size: int,
+    run_id: str | None = None,
+    after: tuple[datetime, str] | None = None,
+    exclude: list[str] = (),
     paused: bool = False,
     shard: Shard | None = None,
-) -> list[tuple[str, int]]:
-    """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed)``, oldest due first.
+) -> list[tuple[str, int, datetime]]:
+    """CLAIM_DUE_PAGE: up to ``page_size`` due subscriptions as ``(id, periods_billed, next_billing_at)``, in
+    ``(next_billing_at, id)`` order.
 
     Due as :func:`due_predicate` says (wall-clock subscriptions only, unless ``test_clock_id``
     names the clock whose subscriptions are drained), of mode ``livemode`` (and tenant
-    ``tenant_id`` when given), not in ``exclude`` (this run's attempted ones). ``FOR UPDATE SKIP
-    LOCKED`` passes over rows another transaction is closing right now; the CTE applies ``LIMIT``
-    once, so a page never exceeds ``page_size``. The claim commits at once: the close re-locks
-    each subscription and re-checks it is still due for the same period
+    ``tenant_id`` when given). ``run_id``: the claim is that billing run's: it passes over the rows
+    the run marked (:func:`mark_still_due`: those it attempted that were still due afterwards), so a
+    run attempts a subscription once whatever became of its close, with no list sent back.
+    ``after``: the ``(next_billing_at, id)`` of the run's last claimed row; only rows past it, so a
+    claim walks the due-scan index from where the last one stopped instead of over every row the run
+    left still due. ``exclude``: ids passed over as well (a bound array; the paused periods' pass).
+    ``FOR UPDATE SKIP LOCKED`` passes over rows another transaction is closing right now; the CTE
+    applies ``LIMIT`` once, so a page never exceeds ``page_size``. The claim commits at once: the
+    close re-locks each subscription and re-checks it is still due for the same period
     (:func:`lock_due_subscription`), and the invoice's unique index is the hard guard
-    (docs/decisions/0010-drain-claims-and-parallel-closes.md). ``paused``: claim the due periods
+    (docs/decisions/0010-drain-claims-and-parallel-closes.md, 0187). ``paused``: claim the due periods
     whose collection is paused instead (:func:`due_predicate`). ``shard``: only the subscriptions of
     its tenants (:func:`shard_filter`).
     """
     due, due_params = due_predicate(test_clock_id=test_clock_id, as_of=as_of, paused=paused)
-    tenant_filter = "AND tenant_id = %s" if tenant_id else ""
+    # The claim's terms, each with its parameters: a term added here needs nothing else.
+    terms: list[tuple[str, list[object]]] = [("livemode = %s", [livemode]), (due, due_params)]
+    if tenant_id:
+        terms.append(("tenant_id = %s", [tenant_id]))
     in_shard, shard_params = shard_filter(shard)
+    if in_shard:
+        terms.append((in_shard.removeprefix("AND "), list(shard_params)))
+    if run_id:
+        terms.append(("claimed_by_run IS DISTINCT FROM %s", [run_id]))
+    if after is not None:
+        terms.append(("(next_billing_at, id) > (%s::timestamptz, %s::text)", list(after)))
+    if exclude:
+        terms.append(("NOT (id = ANY(%s::text[]))", [list(exclude)]))
+    where = " AND ".join(f"({term})" for term, _ in terms)
+    params = [value for _, values in terms for value in values]
     sql = f"""
         WITH due AS (
-            SELECT id, periods_billed, next_billing_at
-            FROM billing_subscription
-            WHERE livemode = %s
-              AND {due}
-              AND NOT (id = ANY(%s::text[]))
-              {tenant_filter}
-              {in_shard}
-            ORDER BY next_billing_at
+            SELECT id, periods_billed, next_billing_at FROM billing_subscription
+            WHERE {where}
+            ORDER BY next_billing_at, id
             LIMIT %s
             FOR UPDATE SKIP LOCKED
         )
-        SELECT id, periods_billed FROM due ORDER BY next_billing_at
+        SELECT id, periods_billed, next_billing_at FROM due ORDER BY next_billing_at, id
     """
-    params = [livemode, *due_params, exclude, *([tenant_id] if tenant_id else []), *shard_params, page_size]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+    with bound_cursor() as cursor:
+        cursor.execute(sql, [*params, page_size])
+        return [(row[0], row[1], row[2]) for row in cursor.fetchall()]
 
 
-def still_due(subscription_ids: list[str], *, as_of: datetime | None) -> list[str]:
-    """STILL_DUE: which of ``subscription_ids`` are due again right after their close.
+def mark_still_due(run_id: str, subscription_ids: list[str], *, as_of: datetime | None) -> int:
+    """MARK_STILL_DUE: mark those of ``subscription_ids`` (a run's attempted page) that are due again right after
+    their close as claimed by run ``run_id``; returns how many.
 
-    A subscription several periods behind is due again once one period is billed; a failed
-    one whose failure was not saved is still due. The drain puts these (and only these) in its
-    exclude list, which keeps the list, sent with every claim, as short as docs/reference/billing.md
-    allows. It asks only the date term of :func:`due_predicate`, so one that the close left waiting
-    on the retry ladder joins the list too.
+    A subscription several periods behind is due again once one period is billed; a failed one whose
+    failure was not saved is still due. Only these are written (the date term of :func:`due_predicate`,
+    so one the close left waiting on the retry ladder is marked too): the others are no longer due, and
+    no claim returns them. The ids go as one bound array.
     """
     if not subscription_ids:
-        return []
-    with connection.cursor() as cursor:
+        return 0
+    with bound_cursor() as cursor:
         cursor.execute(
-            f"SELECT id FROM billing_subscription WHERE id = ANY(%s::text[]) AND {_DUE_BY}", [subscription_ids, as_of]
+            f"UPDATE billing_subscription SET claimed_by_run = %s WHERE id = ANY(%s::text[]) AND {_DUE_BY}",
+            [run_id, list(subscription_ids), as_of],
         )
-        return [row[0] for row in cursor.fetchall()]
+        return cursor.rowcount
+
+
+@contextmanager
+def bound_cursor() -> Iterator:
+    """A cursor on the default connection (the caller's transaction) that binds its parameters on the server.
+
+    Django's psycopg backend renders every parameter into the statement's text on the client; an
+    array of thousands of ids then costs its rendering here and its parsing there. This cursor sends
+    them as bound parameters (psycopg's binary or text formats) instead. ``%s`` placeholders as usual.
+    """
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    # Wrapped as Django wraps its own cursors: counted and logged like every other statement.
+    with connection._prepare_cursor(ServerBindingCursor(connection.connection)) as cursor:
+        yield cursor
 
 
 def lock_due_subscription(

@@ -550,6 +550,9 @@ class StrictStripe:
                 proxy._handle(self)
 
         class Server(ThreadingHTTPServer):
+            # The drain sends a page's charges at once (docs/decisions/0186): listen for more than the default 5.
+            request_queue_size = 256
+
             def handle_error(self, request, client_address):  # aborted connections are the point
                 return
 

@@ -352,6 +352,16 @@ HARDCOUNT_BILLING_CONCURRENCY = _env_int("HARDCOUNT_BILLING_CONCURRENCY", 8)
 # The scheduler's billing splits into this many shards by tenant, each drained under its own lease (billing:0 …;
 # one shard keeps the single "billing" lease). docs/decisions/0194-billing-shards.md.
 HARDCOUNT_BILLING_SHARDS = _env_int("HARDCOUNT_BILLING_SHARDS", 1)
+# The drain's gateway calls in flight at once, on sender threads that hold no database connection
+# (billing.services.charge_pool; docs/decisions/0186).
+HARDCOUNT_BILLING_CHARGES_IN_FLIGHT = _env_int("HARDCOUNT_BILLING_CHARGES_IN_FLIGHT", 128)
+# Drain pages under way at once: the next is claimed and prepared while this one's charges are out (0188).
+HARDCOUNT_BILLING_PAGES_IN_FLIGHT = _env_int("HARDCOUNT_BILLING_PAGES_IN_FLIGHT", 2)
+# Requests a second one gateway account takes (billing.gateway_accounts.requests_per_s): unset, Stripe's
+# limits when charging Stripe itself and none for another gateway; 0 for none.
+HARDCOUNT_GATEWAY_REQUESTS_PER_S = (
+    _env_float("HARDCOUNT_GATEWAY_REQUESTS_PER_S", 0) if os.environ.get("HARDCOUNT_GATEWAY_REQUESTS_PER_S") else None
+)
 # The drain's page close (billing.services.page): a page's plain closes share their two transactions.
 # 0 closes every subscription on its own (the reference path; docs/decisions/0016).
 HARDCOUNT_BILLING_PAGE_CLOSE = os.environ.get("HARDCOUNT_BILLING_PAGE_CLOSE", "1") != "0"

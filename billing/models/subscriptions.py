@@ -81,6 +81,9 @@ class Subscription(TenantScoped):
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The billing run that attempted it last and left it due (a BillingRun id; no foreign key, which would
+    # lock the run's row at every mark): that run's claims pass over it (docs/decisions/0187).
+    claimed_by_run = models.CharField(max_length=40, null=True, blank=True, editable=False)
 
     # -- Item changes (docs/decisions/0140, 0141) --------------------------------------
     # A change with effective_at=period_end: the items the next cycle invoice bills,
@@ -89,9 +92,10 @@ class Subscription(TenantScoped):
 
     class Meta:
         indexes = [
-            # The due scan: wall-clock subscriptions, not parked, in a billable status.
+            # The due scan: wall-clock subscriptions, not parked, in a billable status; in the claim's
+            # (next_billing_at, id) order, so a claim starts where the run's last one stopped.
             models.Index(
-                fields=["livemode", "next_billing_at"],
+                fields=["livemode", "next_billing_at", "id"],
                 name="subscription_due_idx",
                 condition=models.Q(
                     billing_parked_at__isnull=True,

@@ -208,7 +208,7 @@ def _guarded(
         raise
     except (OperationalError, InterfaceError) as exc:
         # A serialization or deadlock abort, or a lost connection: not saved on the subscription
-        # (docs/reference/billing.md#failures-that-are-not-saved); the run's exclude list keeps it
+        # (docs/reference/billing.md#failures-that-are-not-saved); the run's claim mark keeps it
         # from being retried in this run.
         log.warning("close of %s hit a database error (not saved): %s", subscription_id, exc)
         outcome = Outcome(OutcomeKind.FAILED, error=f"database: {exc}")

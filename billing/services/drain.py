@@ -2,14 +2,17 @@
 
 ``drain_due`` bills page after page of due subscriptions until a page comes back empty;
 ``page_size`` is a page size, never a cap. Each page is claimed with ``FOR UPDATE SKIP
-LOCKED`` (:func:`billing.queries.claim_due_page`), then its closes run in parallel on up to
-``concurrency`` threads, each with its own database connection
-(``HARDCOUNT_BILLING_CONCURRENCY``, default 8). An attempted subscription still due after its
-attempt (a failure not saved, one skipped, one several periods behind) joins the run's exclude
-list, so each is attempted at most once per run and a failing one never leads every page.
-There is no circuit breaker: a run never stops after N failures; a database error in the
-drain's own statements ends it. Why parallel closes keep exactly-once:
-docs/decisions/0010-drain-claims-and-parallel-closes.md.
+LOCKED`` (:func:`billing.queries.claim_due_page`); its plain closes share their database steps
+(:mod:`billing.services.page`) and its other closes run on up to ``concurrency`` threads, each with
+its own database connection (``HARDCOUNT_BILLING_CONCURRENCY``, default 8). The page's charges go
+to sender threads that hold no connection (:mod:`billing.services.charge_pool`, bounded per gateway
+account), and the next page is claimed and prepared while they are out (decisions 0186, 0188). An
+attempted subscription still due after its page (a failure not saved, one skipped, one several
+periods behind) is marked with the run (:func:`billing.queries.mark_still_due`) and each claim
+starts past the run's last one, so each is attempted at most once per run, a failing one never
+leads every page, and nothing grows with the run (decision 0187). There is no circuit breaker: a
+run never stops after N failures; a database error in the drain's own statements ends it. Why
+parallel closes keep exactly-once: docs/decisions/0010-drain-claims-and-parallel-closes.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -28,19 +34,22 @@ from billing import gateway as gw
 from billing.events import billing_run_event
 from billing.lock_objects import customer_locked, subscription_and_invoice_locked, subscription_qs_select_for_update
 from billing.models import BillingAttempt, BillingRun, Invoice, PaymentAttempt, Subscription, TestClock
-from billing.queries import claim_due_page, still_due
+from billing.queries import claim_due_page, mark_still_due
 from billing.services import pausing
+from billing.services.charge_pool import ChargePool, Pending
 from billing.services.close import close_subscription_period, finalize_or_pend_locked, record_charge
 from billing.services.close import hooks as close_hooks
 from billing.services.credit_notes import reconcile_refunds
 from billing.services.page import PreparedClose, prepare_page, record_page
 from billing.services.payments import (
+    GatewayCall,
     Outcome,
     OutcomeKind,
     PaymentInFlight,
     act_on_paid_locked,
     attempt_time,
     billing_time,
+    bind_send,
     charging,
     in_flight_window,
     is_current_period,
@@ -110,12 +119,6 @@ def drain_due(
     if test_clock_id and as_of is None:
         as_of = TestClock.objects.only("frozen_time").get(pk=test_clock_id).frozen_time
 
-    # SQL exclude list: attempted subscriptions still due after their attempt
-    # (docs/reference/billing.md#exclude-list). Every
-    # attempted id is also remembered here, so one that becomes due again later in the run (its
-    # next period starts meanwhile) is excluded when a claim returns it, not closed twice.
-    exclude: list[str] = []
-    attempted: set[str] = set()
     if run is None:
         run = _start_run(
             livemode=livemode,
@@ -126,12 +129,8 @@ def drain_due(
             fence=fence,
             shard=shard,
         )
-    else:
-        carried_on = _carry_on(run, fence=fence, as_of=as_of)
-        if carried_on is None:
-            return BillingRun.objects.get(pk=run.pk)
-        attempted.update(carried_on[0])
-        exclude.extend(carried_on[1])
+    elif not _carry_on(run, fence=fence):
+        return BillingRun.objects.get(pk=run.pk)
 
     # Paused periods are invoiced without a charge, and pauses that have run out end, before any claim
     # (docs/reference/billing.md#pausing-collection).
@@ -158,66 +157,107 @@ def drain_due(
         )
 
     pool = _ClosePool(concurrency)
+    # A test clock's advance bills a clock's whole history against a test-mode gateway (localstripe in
+    # development and tests): as many charges at once as its close threads, as before (docs/decisions/0186).
+    charges = ChargePool(concurrency if test_clock_id else settings.HARDCOUNT_BILLING_CHARGES_IN_FLIGHT)
+    # Pages in flight (HARDCOUNT_BILLING_PAGES_IN_FLIGHT): the next page is claimed and prepared while
+    # this one's charges are out. A test clock's drain holds each page's charge locks on this session
+    # until its outcomes are recorded, so its pages go one at a time (docs/decisions/0188).
+    depth = 1 if test_clock_id else max(1, settings.HARDCOUNT_BILLING_PAGES_IN_FLIGHT)
+    in_flight: deque[_Page] = deque()
+    # Where the run's claims have got to (the last claimed (next_billing_at, id)); a lap that claimed
+    # anything is followed by another from the start, for rows that were locked or not yet due.
+    cursor: tuple[datetime, str] | None = None
+    lap_claimed = exhausted = stopping = lap_ends = False
     try:
-        while True:
-            if not fence.alive():
-                raise LeaseLost("billing lease lost: drain stopped at a safe point")
-            try:
-                with transaction.atomic():
-                    fence.check()
-                    page = claim_due_page(
-                        livemode=livemode,
-                        tenant_id=tenant_id,
-                        test_clock_id=test_clock_id,
-                        as_of=as_of,
-                        exclude=exclude,
-                        page_size=page_size,
-                        shard=shard,
-                    )
-            except DatabaseError as exc:
-                log.error("billing drain %s ended by a database error: %s", run.id, exc)
-                _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
-                return run
-            if not page:
-                break
-            again = [subscription_id for subscription_id, _ in page if subscription_id in attempted]
-            if again:
-                exclude.extend(again)
-                page = [item for item in page if item[0] not in attempted]
-                if not page:
-                    continue
-            attempted.update(subscription_id for subscription_id, _ in page)
-            run.pages += 1
-            lease_lost = None
-            with charging():
-                results = _close_page(page, pool, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
-            for result in results:
-                if isinstance(result, _Abandoned | LeaseLost):
-                    lease_lost = result
-                    continue
-                if isinstance(result, BaseException):
-                    raise result
-                run.count(result.kind)
-            if lease_lost is not None:
-                raise LeaseLost("billing lease lost during a page") from lease_lost
-            try:
-                with transaction.atomic():
-                    exclude.extend(still_due([subscription_id for subscription_id, _ in page], as_of=as_of))
-            except DatabaseError as exc:
-                log.error("billing drain %s ended by a database error: %s", run.id, exc)
-                _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
-                return run
-            _save_counts(run, fence)
-            if on_page is not None:
-                on_page(run)
+        while not (exhausted and not in_flight):
+            # A page's charge locks (a test clock's) are freed once its outcomes are recorded.
+            with charging() if depth == 1 else nullcontext():
+                if not exhausted and not fence.alive():
+                    # A safe point: no more claims; the pages in flight finish (their sends not yet
+                    # started are abandoned) before the drain stops.
+                    exhausted = stopping = True
+                if not exhausted and not lap_ends:
+                    try:
+                        with transaction.atomic():
+                            fence.check()
+                            claimed = claim_due_page(
+                                livemode=livemode,
+                                tenant_id=tenant_id,
+                                test_clock_id=test_clock_id,
+                                as_of=as_of,
+                                page_size=page_size,
+                                run_id=run.id,
+                                after=cursor,
+                                shard=shard,
+                            )
+                    except DatabaseError as exc:
+                        log.error("billing drain %s ended by a database error: %s", run.id, exc)
+                        _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
+                        return run
+                    if claimed:
+                        cursor, lap_claimed = (claimed[-1][2], claimed[-1][0]), True
+                        run.pages += 1
+                        in_flight.append(
+                            _start_page(
+                                [(row[0], row[1]) for row in claimed],
+                                pool,
+                                charges,
+                                close,
+                                run=run,
+                                as_of=as_of,
+                                test_clock_id=test_clock_id,
+                                fence=fence,
+                            )
+                        )
+                    elif cursor is not None and lap_claimed:
+                        # The next lap starts once the pages in flight are recorded and their still-due rows marked.
+                        cursor, lap_claimed, lap_ends = None, False, True
+                    else:
+                        exhausted = True
+                if in_flight and (exhausted or lap_ends or len(in_flight) >= depth):
+                    page = in_flight.popleft()
+                    results = _finish_page(page, pool, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+                    _count_page(results, run)
+                    try:
+                        with transaction.atomic():
+                            fence.check()
+                            mark_still_due(run.id, [item[0] for item in page.items], as_of=as_of)
+                    except DatabaseError as exc:
+                        log.error("billing drain %s ended by a database error: %s", run.id, exc)
+                        _finish_run(run, BillingRun.Status.FAILED, fence, error=f"database: {exc}")
+                        return run
+                    _save_counts(run, fence)
+                    if on_page is not None:
+                        on_page(run)
+                if not in_flight:
+                    lap_ends = False
+        if stopping:
+            raise LeaseLost("billing lease lost: drain stopped at a safe point")
         _finish_run(run, BillingRun.Status.COMPLETED, fence)
     except LeaseLost:
         if trigger == BillingRun.Trigger.SCHEDULER:
             _end_stopped_run(run, fence)
         raise
     finally:
+        charges.shutdown()
         pool.shutdown()
     return run
+
+
+def _count_page(results: list, run: BillingRun) -> None:
+    """Count a finished page's outcomes on ``run``; raise :class:`LeaseLost` after a lost lease, or the
+    exception a close raised (a bug, a test's simulated kill)."""
+    lease_lost = None
+    for result in results:
+        if isinstance(result, _Abandoned | LeaseLost):
+            lease_lost = result
+            continue
+        if isinstance(result, BaseException):
+            raise result
+        run.count(result.kind)
+    if lease_lost is not None:
+        raise LeaseLost("billing lease lost during a page") from lease_lost
 
 
 def _start_run(
@@ -257,17 +297,17 @@ def _start_run(
         )
 
 
-def _carry_on(run: BillingRun, *, fence: Fence, as_of: datetime | None) -> tuple[list[str], list[str]] | None:
+def _carry_on(run: BillingRun, *, fence: Fence) -> bool:
     """Take over a ``running`` run under ``fence`` (its token and its counts so far, from its billing attempts).
 
-    Returns the subscriptions the run attempted already and those of them still due (its exclude
-    list so far), or None when the run is no longer ``running``. ``run`` is updated in memory.
+    False when the run is no longer ``running``. ``run`` is updated in memory. The subscriptions it
+    attempted that were still due carry its mark (``claimed_by_run``), so its claims pass over them.
     """
     with transaction.atomic():
         fence.check()
         current = BillingRun.objects.select_for_update().filter(pk=run.pk, status=BillingRun.Status.RUNNING).first()
         if current is None:
-            return None
+            return False
         counts = current.attempts.aggregate(
             attempted=Count("id"),
             billed=Count("id", filter=Q(outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
@@ -278,8 +318,7 @@ def _carry_on(run: BillingRun, *, fence: Fence, as_of: datetime | None) -> tuple
         BillingRun.objects.filter(pk=run.pk).update(
             attempted=run.attempted, billed=run.billed, failed=run.failed, lease_token=run.lease_token
         )
-        attempted = list(current.attempts.values_list("subscription_id", flat=True).distinct())
-        return attempted, still_due(attempted, as_of=as_of)
+        return True
 
 
 def _end_stopped_run(run: BillingRun, fence: Fence) -> None:
@@ -335,23 +374,32 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
         log.error("could not record the end of billing run %s", run.id)
 
 
-def _close_page(
+@dataclass
+class _Page:
+    """A page under way: its claimed ``items``; each task is ``("send", PreparedClose, Pending)`` or
+    ``("close", item, Pending)``."""
+
+    items: list[tuple[str, int]]
+    tasks: list[tuple[str, object, Pending]]
+
+
+def _start_page(
     page: list[tuple[str, int]],
     pool: _ClosePool,
+    charges: ChargePool,
     close: Callable[[tuple[str, int]], Outcome],
     *,
     run: BillingRun,
     as_of: datetime | None,
     test_clock_id: str | None,
     fence: Fence,
-) -> list:
-    """Close every claimed ``(subscription id, periods_billed)`` of a page; their Outcomes, or the exceptions raised.
+) -> _Page:
+    """Start closing every claimed ``(subscription id, periods_billed)`` of a page; :func:`_finish_page` ends it.
 
-    Plain closes share their steps 1 and 3 (:mod:`billing.services.page`, unless
-    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off) and send their charges on the pool; every other close,
-    and every charge the page's step 3 leaves, runs one by one on the pool with the full rules.
-    A database error (or a bug) in a page step hands its closes to the per-close path instead.
-    Lost lease: nothing more is written once a send saw it (the results say so).
+    Plain closes share their step 1 (:mod:`billing.services.page`, unless
+    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off), here, and their charges go to ``charges`` (bound to
+    their accounts on this connection first); every other close runs on ``pool`` with the full
+    rules. A database error (or a bug) in step 1 hands its closes to the per-close path instead.
     """
     prepared, others = [], page
     if settings.HARDCOUNT_BILLING_PAGE_CLOSE:
@@ -365,20 +413,44 @@ def _close_page(
         if close_hooks.after_prepare:
             close_hooks.after_prepare(p.plan)
 
-    def work(task: tuple[str, object]) -> object:
-        kind, value = task
-        if kind == "close":
-            return close(value)
+    def charge(call: GatewayCall) -> gw.ChargeResult:
         if not fence.alive():
             raise _Abandoned()
-        result = send(value.plan)
+        result = call.call()
         if close_hooks.after_charge:
-            close_hooks.after_charge(value.plan, result)
+            close_hooks.after_charge(call.plan, result)
         return result
 
-    tasks = [("send", p) for p in prepared] + [("close", item) for item in others]
+    tasks: list[tuple[str, object, Pending]] = []
+    for p in prepared:
+        call = bind_send(p.plan)
+        pending = charges.submit(
+            lambda call=call: charge(call), account=call.account, livemode=call.livemode, requests=call.requests
+        )
+        tasks.append(("send", p, pending))
+    tasks += [("close", item, pool.submit(close, item)) for item in others]
+    return _Page(page, tasks)
+
+
+def _finish_page(
+    page: _Page,
+    pool: _ClosePool,
+    *,
+    run: BillingRun,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+) -> list:
+    """Wait for a started page and record it; its Outcomes, or the exceptions raised.
+
+    The successful charges of its plain closes share one step 3 (:func:`record_page`); every other
+    charge is recorded one by one on ``pool`` with the full rules. A database error (or a bug) in
+    step 3 hands its charges to the per-close record instead. Lost lease: nothing more is written
+    once a send saw it (the results say so).
+    """
     results, charged = [], []
-    for (kind, value), result in zip(tasks, pool.map(work, tasks), strict=True):
+    for kind, value, pending in page.tasks:
+        result = pending.result()
         if kind == "send" and not isinstance(result, BaseException):
             charged.append((value, result))
         else:
@@ -413,9 +485,10 @@ def _close_page(
 class _ClosePool:
     """Up to ``size`` worker threads, each with its own database connection, closed at shutdown.
 
-    ``map(fn, items)`` runs one page and returns results in item order; an exception (including
-    a ``BaseException`` such as a test's simulated kill) is returned in place of the result.
-    With ``size`` 1 the page runs on the caller's thread and connection.
+    ``submit(fn, item)`` queues one call and returns its :class:`Pending`; ``map(fn, items)`` runs
+    them all and returns results in item order; an exception (including a ``BaseException`` such as
+    a test's simulated kill) is returned in place of the result. With ``size`` 1 every call runs on
+    the caller's thread and connection, at once.
     """
 
     def __init__(self, size: int):
@@ -429,13 +502,33 @@ class _ClosePool:
                 task = self._tasks.get()
                 if task is None:
                     return
-                fn, item, index, results = task
+                fn, item, pending = task
                 try:
-                    results.put((index, fn(item)))
+                    pending.set_result(fn(item))
                 except BaseException as exc:  # handed to the drain's thread, which decides
-                    results.put((index, exc))
+                    pending.set_result(exc)
         finally:
             connections.close_all()
+
+    def submit(self, fn: Callable, item: object) -> Pending:
+        """Run ``fn(item)`` on a worker (with ``size`` 1, here and now); its :class:`Pending` result."""
+        if self.size == 1:
+            pending = Pending()
+            try:
+                pending.set_result(fn(item))
+            except (_Abandoned, LeaseLost) as exc:
+                pending.set_result(exc)
+            return pending
+        self._start_threads(self.size)
+        pending = Pending()
+        self._tasks.put((fn, item, pending))
+        return pending
+
+    def _start_threads(self, wanted: int) -> None:
+        while len(self._threads) < min(self.size, wanted):
+            thread = threading.Thread(target=self._worker, name=f"billing-close-{len(self._threads)}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def map(self, fn: Callable, items: list) -> list:
         if self.size == 1:
@@ -446,18 +539,12 @@ class _ClosePool:
                 except (_Abandoned, LeaseLost) as exc:
                     out.append(exc)
             return out
-        while len(self._threads) < min(self.size, len(items)):
-            thread = threading.Thread(target=self._worker, name=f"billing-close-{len(self._threads)}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        results: queue.Queue = queue.Queue()
-        for index, item in enumerate(items):
-            self._tasks.put((fn, item, index, results))
-        out: list = [None] * len(items)
-        for _ in items:
-            index, value = results.get()
-            out[index] = value
-        return out
+        self._start_threads(len(items))
+        pendings = []
+        for item in items:
+            pendings.append(Pending())
+            self._tasks.put((fn, item, pendings[-1]))
+        return [pending.result() for pending in pendings]
 
     def shutdown(self) -> None:
         for _ in self._threads:

@@ -180,7 +180,9 @@ def invoice_paused_periods(
     write is fenced; :class:`~hardcount.fencing.LeaseLost` propagates.
     """
     done = 0
-    exclude: list[str] = []
+    # Each claim starts past the last one's rows: one this pass could not invoice (locked elsewhere) stays
+    # behind, for the next pass.
+    after = None
     while True:
         with transaction.atomic():
             fence.check()
@@ -189,15 +191,15 @@ def invoice_paused_periods(
                 tenant_id=tenant_id,
                 test_clock_id=test_clock_id,
                 as_of=as_of,
-                exclude=exclude,
+                after=after,
                 page_size=PAGE_SIZE,
                 paused=True,
                 shard=shard,
             )
         if not page:
             return done
-        for subscription_id, claimed in page:
-            exclude.append(subscription_id)
+        after = (page[-1][2], page[-1][0])
+        for subscription_id, claimed, _ in page:
             periods_billed: int | None = claimed
             while periods_billed is not None:
                 periods_billed = _invoice_paused_period(

@@ -272,6 +272,18 @@ def charges_in_flight(invoice_ids: list[str]) -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def _release(taken: list[str]) -> None:
+    if not taken:
+        return
+    try:
+        with connection.cursor() as cursor:
+            for invoice_id in reversed(taken):
+                cursor.execute(RELEASE_CHARGE_LOCK, [invoice_id])
+    except DatabaseError:
+        log.warning("could not free %d charge lock(s); closing the session frees them", len(taken))
+        connection.close()
+
+
 @contextmanager
 def charging() -> Iterator[None]:
     """Wrap a reservation, its gateway call and its record: on the way out, free the charge locks taken inside.
@@ -285,14 +297,7 @@ def charging() -> Iterator[None]:
         yield
     finally:
         taken, held[mark:] = held[mark:], []
-        if taken:
-            try:
-                with connection.cursor() as cursor:
-                    for invoice_id in reversed(taken):
-                        cursor.execute(RELEASE_CHARGE_LOCK, [invoice_id])
-            except DatabaseError:
-                log.warning("could not free %d charge lock(s); closing the session frees them", len(taken))
-                connection.close()
+        _release(taken)
 
 
 # --- step 1 ---------------------------------------------------------------------------------------------------------
@@ -461,28 +466,82 @@ def needs_no_charge(invoice: Invoice) -> bool:
 # --- step 2 ---------------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class GatewayCall:
+    """Step 2 of ``plan`` bound to its account: :meth:`call` makes it without touching the database.
+
+    Built on the caller's connection by :func:`bind_send` (which account charges the invoice's tenant
+    may need a query); ``gateway`` is None when there is nothing to call or the account could not be
+    had (``error``: the exception, answered as an ``error`` outcome). ``account`` names the account
+    for its rate limit; ``requests`` is how many requests the call makes.
+    """
+
+    plan: ChargePlan
+    gateway: gw.Gateway | None = None
+    error: Exception | None = None
+
+    @property
+    def account(self) -> str:
+        return getattr(self.gateway, "account", "") or ""
+
+    @property
+    def livemode(self) -> bool:
+        return bool(self.plan.request and self.plan.request.livemode)
+
+    @property
+    def requests(self) -> int:
+        """The requests :meth:`call` sends: a lookup one (more only for a long list); a charge one, plus one to
+        create the gateway customer, one to attach the payment method and one to update the amount."""
+        req = self.plan.request
+        if self.plan.known_result is not None or req is None or self.gateway is None:
+            return 0
+        if self.plan.look_up:
+            return 1
+        updates = bool(req.payment_intent_id) and req.update_amount
+        return 1 + (not req.gateway_customer_id) + req.attach_payment_method + updates
+
+    def call(self) -> gw.ChargeResult:
+        """The gateway call (no transaction open, no database access): the charge, or the lookup when
+        ``plan.look_up``. Never raises for gateway trouble; an unexpected exception is an ``error`` outcome
+        (a failure of the close). An account backing off after a 429 is not called: the answer is
+        ``rate_limited`` (docs/decisions/0133-gateway-rate-limits.md)."""
+        plan = self.plan
+        if plan.known_result is not None:
+            return plan.known_result
+        assert plan.request is not None
+        try:
+            if self.error is not None:
+                raise self.error
+            assert self.gateway is not None
+            if plan.look_up:
+                return self.gateway.look_up(plan.request)
+            return self.gateway.charge(plan.request)
+        except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
+            log.exception("gateway call for %s raised", plan.invoice_id)
+            return gw.ChargeResult(
+                outcome=gw.ERROR,
+                error_message=f"{type(exc).__name__}: {exc}",
+                gateway_customer_id=plan.request.gateway_customer_id,
+                payment_intent_id=plan.request.payment_intent_id,
+            )
+
+
+def bind_send(plan: ChargePlan) -> GatewayCall:
+    """Bind ``plan``'s step 2 to the invoice's tenant's own account (:func:`billing.gateway_accounts.gateway_for`),
+    on the caller's connection; never raises (an account that cannot be had is the call's ``error``)."""
+    if plan.known_result is not None or plan.request is None:
+        return GatewayCall(plan)
+    try:
+        return GatewayCall(plan, gateway_for(plan.request.tenant_id, plan.request.livemode))
+    except Exception as exc:
+        return GatewayCall(plan, error=exc)
+
+
 def send(plan: ChargePlan) -> gw.ChargeResult:
     """Step 2: the gateway call for ``plan`` (no transaction open): the charge, or the lookup when
-    ``plan.look_up``, in the invoice's tenant's own account (:func:`billing.gateway_accounts.gateway_for`).
-    Never raises for gateway trouble; an unexpected exception in the call is an ``error`` outcome
-    (a failure of the close). An account backing off after a 429 is not called: the answer is
-    ``rate_limited`` (docs/decisions/0133-gateway-rate-limits.md)."""
-    if plan.known_result is not None:
-        return plan.known_result
-    assert plan.request is not None
-    try:
-        gateway = gateway_for(plan.request.tenant_id, plan.request.livemode)
-        if plan.look_up:
-            return gateway.look_up(plan.request)
-        return gateway.charge(plan.request)
-    except Exception as exc:  # a bug or a library surprise: a failure, never a lost close
-        log.exception("gateway call for %s raised", plan.invoice_id)
-        return gw.ChargeResult(
-            outcome=gw.ERROR,
-            error_message=f"{type(exc).__name__}: {exc}",
-            gateway_customer_id=plan.request.gateway_customer_id,
-            payment_intent_id=plan.request.payment_intent_id,
-        )
+    ``plan.look_up``, in the invoice's tenant's own account (:func:`bind_send`, then
+    :meth:`GatewayCall.call`). Never raises for gateway trouble."""
+    return bind_send(plan).call()
 
 
 # --- step 3 ---------------------------------------------------------------------------------------------------------

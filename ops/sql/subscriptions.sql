@@ -16,13 +16,11 @@ WHERE s.status IN ('active', 'trialing') AND i.status = 'open'
   AND EXISTS (SELECT 1 FROM billing_paymentattempt a WHERE a.invoice_id = i.id AND a.outcome = 'declined');
 
 -- name: canceled_subscription_bills_nothing
--- A canceled subscription has ended and is never due again: ended_at set, next_billing_at null (a charge recorded
--- after a racing cancel leaves both as the cancel wrote them, docs/reference/billing.md#cancelling).
-SELECT id AS ref,
-       CASE WHEN ended_at IS NULL THEN 'canceled without ended_at'
-            ELSE 'canceled but next_billing_at ' || next_billing_at END AS detail
+-- A canceled subscription is never due again: next_billing_at null (a charge recorded after a racing cancel leaves it
+-- as the cancel wrote it, docs/reference/billing.md#cancelling).
+SELECT id AS ref, 'canceled but next_billing_at ' || next_billing_at AS detail
 FROM billing_subscription
-WHERE status = 'canceled' AND (ended_at IS NULL OR next_billing_at IS NOT NULL);
+WHERE status = 'canceled' AND next_billing_at IS NOT NULL;
 
 -- name: parked_subscription_has_eight_failures
 -- A parked subscription (billing_parked_at set) has failed at least 8 times in a row.

@@ -290,10 +290,11 @@ class _ScriptedFence:
             raise LeaseLost("deposed (test)")
 
 
-def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant):
+def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, tenant, settings):
     # The fence's check() still passes (a stop requested while the lease is ours): the run ends abandoned.
     from hardcount.fencing import LeaseLost
 
+    settings.HARDCOUNT_BILLING_PAGES_IN_FLIGHT = 1  # one page at a time: the fence's calls come in this order
     for _ in range(6):
         book.subscribed(tenant)
     pages = []
@@ -308,6 +309,32 @@ def test_a_drain_stops_at_the_next_safe_point_once_the_fence_is_not_alive(book, 
     assert run.error.startswith("stopped at a safe point") and run.finished_at is not None
     assert Invoice.objects.count() == 2
     assert [p.pages for p in pages] == [1]
+
+
+def test_with_pages_in_flight_a_stop_claims_no_more_and_lets_the_next_page_finish(book, tenant):
+    from hardcount.fencing import LeaseLost
+
+    for _ in range(6):
+        book.subscribed(tenant)
+    fence, pages = _ScriptedFence(), []
+
+    def stop_after_the_first(run):
+        pages.append(run.pages)
+        fence.alive_calls = 0  # from now on alive() is False
+
+    with pytest.raises(LeaseLost):
+        drain_due(
+            livemode=False, trigger="scheduler", page_size=2, concurrency=1, fence=fence, on_page=stop_after_the_first
+        )
+
+    run = BillingRun.objects.get()
+    # Page 2 was claimed while page 1's charges were out; nothing was claimed after the stop.
+    assert (run.status, run.pages) == ("abandoned", 2)
+    assert pages[0] == 2 and Invoice.objects.count() == 4
+    # Page 2 recorded, or (a send abandoned at the stop) left reserved for the next close: never lost.
+    assert run.billed in (2, 4)
+    left = PaymentAttempt.objects.exclude(outcome="succeeded")
+    assert {a.outcome for a in left} <= {"unknown"} and left.count() == 4 - run.billed
 
 
 def test_a_deposed_drain_writes_nothing_after_the_charge_and_the_successor_resolves_it(book, tenant, stripe_proxy):

@@ -42,9 +42,10 @@ def _invoices(subs):
 
 
 def test_a_429_storm_on_one_account_leaves_it_due_off_the_ladder_and_does_not_slow_another(
-    two_tenants, stripe_proxy, monkeypatch
+    two_tenants, stripe_proxy, monkeypatch, settings
 ):
-    # One close at a time, so exactly one 429 reaches the gateway before A's gate closes.
+    # One close and one charge at a time, so exactly one 429 reaches the gateway before A's gate closes.
+    settings.HARDCOUNT_BILLING_CHARGES_IN_FLIGHT = 1
     (_a, subs_a), (_b, subs_b) = two_tenants
     stripe_proxy.fail_next("429", times=1000, account=KEY_A, retry_after_s=RETRY_AFTER_S)
 
