@@ -67,6 +67,11 @@ SELECT key FROM hardcount_claim
 WHERE key = ANY(%(keys)s::text[]) AND expires_at > now() AND holder <> %(holder)s
 """
 
+STILL_HELD = """
+SELECT key FROM hardcount_claim
+WHERE key = ANY(%(keys)s::text[]) AND expires_at > now() AND holder = %(holder)s
+"""
+
 _local = threading.local()
 
 # Every claim this process holds: (key, holder) -> how many takes are not released yet.
@@ -144,33 +149,37 @@ def held_elsewhere(keys: list[str]) -> list[str]:
     return [key for key in keys if key in found]
 
 
-def renew(keys: list[str]) -> list[str]:
-    """Extend this thread's live claims on ``keys`` now; the keys still this thread's (a lapsed one is lost)."""
+def still_held(keys: list[str]) -> list[str]:
+    """The keys among ``keys`` this thread still has a live claim on (a read: it neither waits nor extends)."""
     if not keys:
         return []
-    me = holder()
     with tenancy.cross_tenant(), connection.cursor() as cursor:
-        cursor.execute(RENEW, {"keys": list(keys), "holders": [me] * len(keys), "ttl_s": ttl_s()})
-        kept = {row[0] for row in cursor.fetchall()}
-    return [key for key in keys if key in kept]
+        cursor.execute(STILL_HELD, {"keys": list(keys), "holder": holder()})
+        found = {row[0] for row in cursor.fetchall()}
+    return [key for key in keys if key in found]
 
 
 def _ensure_beater() -> None:
     with _held_lock:
         running = _beater.get("thread")
         if running is not None and running.is_alive() and _beater.get("pid") == os.getpid():
+            if _beater["every_s"] > ttl_s() / 3:
+                _beater["wake"].set()  # the TTL was shortened (a test's setting): beat at the new pace now
             return
         thread = threading.Thread(target=_beat, name="claims-heartbeat", daemon=True)
-        _beater.update(thread=thread, pid=os.getpid())
+        _beater.update(thread=thread, pid=os.getpid(), every_s=ttl_s() / 3, wake=threading.Event())
         thread.start()
 
 
 def _beat() -> None:
     """The heartbeat thread: renew every claim of this process each third of the TTL; exit once none is held."""
-    stop = threading.Event()
     try:
         while True:
-            stop.wait(ttl_s() / 3)
+            with _held_lock:
+                every_s, wake = ttl_s() / 3, _beater["wake"]
+                _beater["every_s"] = every_s
+            wake.wait(every_s)
+            wake.clear()
             with _held_lock:
                 pairs = [pair for pair, count in _held.items() if count > 0]
                 if not pairs:
@@ -189,4 +198,4 @@ def _beat() -> None:
         connections.close_all()
 
 
-__all__ = ["held_elsewhere", "holder", "release", "renew", "take", "ttl_s"]
+__all__ = ["held_elsewhere", "holder", "release", "still_held", "take", "ttl_s"]

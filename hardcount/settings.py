@@ -386,6 +386,9 @@ HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_
 # A claim (hardcount.claims: a test clock's walk, a test-clock invoice's charge) lapses this long
 # after its holder's last heartbeat (every third of it): how soon a dead holder's claim is free.
 HARDCOUNT_CLAIM_TTL_S = _env_float("HARDCOUNT_CLAIM_TTL_S", 10)
+# DATABASE_URL points at a transaction-pooling PgBouncer (docs/operations.md#pgbouncer): no session
+# settings at connect (the scheduler's -c options, the webhook executor's timeouts), no LISTEN.
+HARDCOUNT_DB_TRANSACTION_POOLING = _env_bool("HARDCOUNT_DB_TRANSACTION_POOLING", False)
 # The scheduler's roles: dotted paths of role classes (see hardcount.scheduler). Comma-separated in the env.
 HARDCOUNT_ROLES = [
     r.strip()

@@ -286,7 +286,7 @@ def run_advance(clock_id: str) -> bool:
         if clock is None or clock.status != TestClock.ADVANCING or clock.advance_target is None:
             return False
         try:
-            if not _walk(clock, still_ours=lambda: bool(claims.renew([key]))):
+            if not _walk(clock, still_ours=lambda: bool(claims.still_held([key]))):
                 log.warning("advance of test clock %s: its claim lapsed; another walker has it", clock_id)
                 return True
         except Exception as exc:
