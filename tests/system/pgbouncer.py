@@ -18,6 +18,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -61,12 +62,15 @@ def server_sessions() -> int:
 class PgBouncer:
     """A running ``pgbouncer`` in transaction mode with ``pool`` server connections at most."""
 
-    def __init__(self, directory: Path, *, pool: int = 6):
+    def __init__(self, *, pool: int = 6):
+        # Its own directory right under the temporary root: pytest's tmp_path sits below a root-only
+        # directory, which the unprivileged user pgbouncer runs as (when we are root) could not enter.
+        directory = Path(tempfile.mkdtemp(prefix="hc-pgbouncer-"))
+        self.directory = directory
         self.pool = pool
         self.port = free_port()
         s = connection.settings_dict
         self.user, self.database = s["USER"], s["NAME"]
-        directory.mkdir(parents=True, exist_ok=True)
         (directory / "users.txt").write_text(f'"{self.user}" ""\n')
         (directory / "pgbouncer.ini").write_text(
             f"""[databases]
@@ -151,6 +155,7 @@ pidfile = {directory / "pgbouncer.pid"}
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class PooledReplicas(Replicas):
