@@ -103,13 +103,15 @@ def sampler(bouncer):
     watching.stop()
 
 
-def _assert_within_pool(sampler: SessionSampler) -> None:
+def _assert_within_pool(sampler: SessionSampler, *, more_clients: bool = False) -> None:
+    """PostgreSQL never saw more than the pool; with ``more_clients``, the replicas also held more client
+    connections than that (so the pool was needed, not merely big enough)."""
     sampler.stop()
     assert sampler.samples > 10, "the sampler did not run"
     peak, clients = sampler.peak, sampler.peak_clients
     assert 1 <= peak <= POOL, f"PostgreSQL saw {peak} sessions through a pool of {POOL}:\n{sampler.bouncer.tail()}"
-    # The pool was needed: the replicas held more client connections than the server ever saw.
-    assert clients > POOL, f"at most {clients} client connections: nothing to pool"
+    if more_clients:
+        assert clients > POOL, f"at most {clients} client connections: nothing to pool"
     print(f"through PgBouncer: up to {clients} client connections, at most {peak} server sessions (pool {POOL})")
 
 
@@ -142,7 +144,7 @@ def test_ten_replicas_through_the_pooler_fail_over_mid_drain_and_the_server_sees
     successor.wait_for("tick_completed", role="billing", timeout_s=60)
     wait_until(lambda: closes_recorded(tenant_id) >= SWEEP_SIZE, timeout_s=60, what="every close recorded")
     assert_clean(audit_book(seeded, stripe_proxy), f"failover through PgBouncer (at the kill: {at_kill})", stripe_proxy)
-    _assert_within_pool(sampler)
+    _assert_within_pool(sampler, more_clients=True)
 
 
 def test_webhook_executors_killed_mid_delivery_through_the_pooler(
