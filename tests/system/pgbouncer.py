@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -42,10 +43,18 @@ def pgbouncer_binary() -> str:
     return found
 
 
-def mark_direct_sessions() -> None:
-    """Make every later connection of this process carry :data:`DIRECT` (the threads' too: one settings dict)."""
+def mark_direct_sessions() -> Callable[[], None]:
+    """Make every later connection of this process carry :data:`DIRECT` (the threads' too: one settings
+    dict); returns the function that takes the mark off again."""
     connections.close_all()
-    connection.settings_dict.setdefault("OPTIONS", {})["application_name"] = DIRECT
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    options["application_name"] = DIRECT
+
+    def restore() -> None:
+        options.pop("application_name", None)
+        connections.close_all()
+
+    return restore
 
 
 def server_sessions() -> int:

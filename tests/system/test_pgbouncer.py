@@ -76,10 +76,11 @@ class SessionSampler:
 
 @pytest.fixture
 def bouncer():
-    mark_direct_sessions()
+    restore = mark_direct_sessions()
     started = PgBouncer(pool=POOL)
     yield started
     started.stop()
+    restore()
 
 
 @pytest.fixture
