@@ -77,7 +77,7 @@ _local = threading.local()
 # Every claim this process holds: (key, holder) -> how many takes are not released yet.
 _held: Counter[tuple[str, str]] = Counter()
 _held_lock = threading.Lock()
-# The heartbeat thread, while one runs: {"thread": Thread, "pid": the process that started it}.
+# The heartbeat thread, while one runs: the thread, the process that started it, its pace and its wake-up.
 _beater: dict = {}
 
 
@@ -193,6 +193,8 @@ def _beat() -> None:
                     )
             except DatabaseError:
                 log.warning("claims heartbeat failed; %d claim(s) may lapse", len(pairs), exc_info=True)
+            finally:
+                # No connection kept between beats: a sleeping heartbeat holds nothing of the database's.
                 connection.close()
     finally:
         connections.close_all()
