@@ -191,7 +191,7 @@ def _beat() -> None:
                         RENEW,
                         {"keys": [k for k, _ in pairs], "holders": [h for _, h in pairs], "ttl_s": ttl_s()},
                     )
-            except DatabaseError:
+            except Exception:  # the heartbeat must outlive any one failed beat; the next one tries again
                 log.warning("claims heartbeat failed; %d claim(s) may lapse", len(pairs), exc_info=True)
             finally:
                 # No connection kept between beats: a sleeping heartbeat holds nothing of the database's.
