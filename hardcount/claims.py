@@ -26,7 +26,7 @@ import threading
 from collections import Counter
 
 from django.conf import settings
-from django.db import DatabaseError, connection, connections
+from django.db import connection, connections
 
 from hardcount import tenancy
 
