@@ -5,7 +5,7 @@ the test (its own ini: ``pool_mode = transaction``, at most :data:`POOL` server 
 ``HARDCOUNT_DB_TRANSACTION_POOLING=1``. Three experiments run through it, each reusing the
 failure-correctness helpers (tests/system/correctness.py, test_failure_correctness.py):
 
-1. ten full replicas (billing and dunning roles, the webhook executor) bill a book; the billing
+1. ten full replicas (every default role, the webhook executor) bill a book; the billing
    leader is SIGKILLed mid-drain and another replica takes over; the audit and the doctor find
    nothing wrong;
 2. the webhook-executor-kill experiment;
@@ -119,7 +119,10 @@ def _assert_within_pool(sampler: SessionSampler, *, more_clients: bool = False) 
 def test_ten_replicas_through_the_pooler_fail_over_mid_drain_and_the_server_sees_at_most_the_pool(
     transactional_db, stripe_proxy, gateway, make_card, pooled, bouncer, sampler
 ):
-    pool = pooled(billing_env(stripe_proxy, HARDCOUNT_SERVICES="outbox.scheduling.ExecutorService"))
+    # Full replicas: every default role (HARDCOUNT_ROLES unset) and the webhook executor.
+    pool = pooled(
+        billing_env(stripe_proxy, HARDCOUNT_ROLES=None, HARDCOUNT_SERVICES="outbox.scheduling.ExecutorService")
+    )
     replicas = [future.result(timeout=120) for future in [pool.start() for _ in range(REPLICAS)]]
     by_holder = {replica.holder: replica for replica in replicas}
     wait_until(lambda: (lease("billing") or {}).get("live"), timeout_s=30, what="a billing leader")
