@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 # Where the embedded PostgreSQL, the demo's keys and the logs live (settings read the same variable).
 VAR_DIR := $(or $(HARDCOUNT_VAR_DIR),var)
 
-.PHONY: run test test-quick lint fmt fuzz check-imports stop-db clean correctness browser pango
+.PHONY: run test test-quick lint fmt fuzz check-imports stop-db clean correctness browser pango pgbouncer
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,13 +48,21 @@ pango:
 		(apt-get update && apt-get install -y libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core); \
 	fi
 
+# Debian's PgBouncer, which the transaction-pooling system test starts in front of the embedded PostgreSQL
+# (tests/system/test_pgbouncer.py; docs/operations.md#pgbouncer): installed when missing and we are root;
+# otherwise that test skips, naming what is missing.
+pgbouncer:
+	@if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y pgbouncer || (apt-get update && apt-get install -y pgbouncer); \
+	fi
+
 # Everything, as CI runs it; the 25 slowest tests are listed at the end. The tests use the development
 # stack (seed_demo, serve, localstripe): the devstack app must be installed.
-test: lint browser pango
+test: lint browser pango pgbouncer
 	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest --durations=25
 
 # The inner loop at the keyboard: lint and every test except the process-level (system) and slow ones.
-test-quick: lint browser pango
+test-quick: lint browser pango pgbouncer
 	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest -m "not system and not slow" --durations=10
 
 fuzz: $(STAMP)

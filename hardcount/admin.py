@@ -28,7 +28,8 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Model, Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Model, Q, QuerySet
+from django.db.models.functions import Now
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -38,7 +39,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from hardcount import audit, idempotency
-from hardcount.models import ApiKey, AuditLogEntry, IdempotencyRecord, RateLimit, RateLimitBucket, Tenant
+from hardcount.models import ApiKey, AuditLogEntry, Claim, IdempotencyRecord, RateLimit, RateLimitBucket, Tenant
 from hardcount.money import display as money_display
 
 admin.site.site_header = "Hardcount operations"
@@ -634,6 +635,29 @@ class RateLimitBucketAdmin(ReadOnlyAdmin):
     @admin.display(description="tokens left")
     def tokens_display(self, bucket: RateLimitBucket) -> str:
         return f"{bucket.tokens:.2f}"
+
+
+# --- claims (hardcount.claims, docs/decisions/0182-claims-instead-of-session-locks.md) -------------------------------
+
+
+@admin.register(Claim)
+class ClaimAdmin(ReadOnlyAdmin):
+    """Who holds a test clock's walk or a clock invoice's charge now, until when (the database's clock)."""
+
+    list_display = ("key", "holder", "taken_at", "expires_at", "live")
+    search_fields = ("key__startswith", "holder__startswith")
+    ordering = ("key",)
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(live_d=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField()))
+        )
+
+    @admin.display(description="live", boolean=True)
+    def live(self, claim: Claim) -> bool:
+        return bool(claim.live_d)
 
 
 # --- the audit log (hardcount.audit) ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tenants, API keys, idempotency records, rate limits, the audit log, and the tenant-scoped base of domain rows."""
+"""Tenants, API keys, idempotency records, rate limits, the audit log, claims, and the tenant-scoped base of rows."""
 
 from __future__ import annotations
 
@@ -213,3 +213,21 @@ class AuditLogEntry(models.Model):
 
 class AuditLogImmutable(Exception):
     """Raised by :class:`AuditLogEntry` on an attempt to change or delete a stored entry."""
+
+
+class Claim(models.Model):
+    """A named, expiring hold taken by one thread of one process (:mod:`hardcount.claims`).
+
+    ``key`` names what is held (``test_clock:<id>``, ``charge:<invoice id>``); ``holder`` is the
+    taking thread's id; ``expires_at`` (the database's ``now()`` plus the TTL) is pushed forward by
+    the holder's heartbeat, so a dead holder's claim lapses by itself. No tenant data, no
+    row-level security: the tenant role has no grant on it.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=200)
+    taken_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.holder}"

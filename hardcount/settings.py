@@ -186,7 +186,15 @@ def _database() -> dict:
             "PORT": conn["port"],
             "OPTIONS": {},
         }
-    db["ENGINE"] = "django_prometheus.db.backends.postgresql"
+    # django-prometheus's PostgreSQL backend plus the per-transaction tenant switch (hardcount.tenancy).
+    db["ENGINE"] = "hardcount.db"
+    # Nothing may live in the session of a server connection, so a transaction-pooling PgBouncer
+    # can sit in front (docs/decisions/0184-pgbouncer-transaction-pooling.md): client-side binding
+    # (psycopg's ClientCursor, never a server-side prepared statement: pinned here whatever the
+    # URL's query says) and no server-side cursors (Django's .iterator() would declare WITH HOLD ones).
+    db["OPTIONS"]["server_side_binding"] = False
+    db["OPTIONS"]["prepare_threshold"] = None
+    db["DISABLE_SERVER_SIDE_CURSORS"] = True
     # Every session speaks UTC; due-time decisions use the database's now() regardless.
     db["TIME_ZONE"] = None
     db["CONN_MAX_AGE"] = _env_int("HARDCOUNT_CONN_MAX_AGE", 60)
@@ -391,6 +399,12 @@ HARDCOUNT_LEASE_SPREAD_S = _env_float("HARDCOUNT_LEASE_SPREAD_S", 10)
 # A fenced transaction left idle this long (e.g. its process SIGSTOPped) is ended by PostgreSQL,
 # so it cannot hold back a successor's takeover.
 HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S = _env_float("HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S", 5)
+# A claim (hardcount.claims: a test clock's walk, a test-clock invoice's charge) lapses this long
+# after its holder's last heartbeat (every third of it): how soon a dead holder's claim is free.
+HARDCOUNT_CLAIM_TTL_S = _env_float("HARDCOUNT_CLAIM_TTL_S", 10)
+# DATABASE_URL points at a transaction-pooling PgBouncer (docs/operations.md#pgbouncer): no session
+# settings at connect (the scheduler's -c options, the webhook executor's timeouts), no LISTEN.
+HARDCOUNT_DB_TRANSACTION_POOLING = _env_bool("HARDCOUNT_DB_TRANSACTION_POOLING", False)
 # The scheduler's roles: dotted paths of role classes (see hardcount.scheduler). Comma-separated in the env.
 HARDCOUNT_ROLES = [
     r.strip()

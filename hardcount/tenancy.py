@@ -4,7 +4,9 @@ Every tenant-owned table has a policy that shows a row only when its ``tenant_id
 ``livemode`` match the session settings ``hardcount.tenant_id`` and ``hardcount.livemode``.
 Table owners bypass row-level security, so the policies bind only the non-owner role
 :data:`TENANT_ROLE`, which an authenticated API request switches to for its duration
-(:func:`enter` / :func:`leave`, called by :class:`hardcount.api.ApiView`). Everything else —
+(:func:`enter` / :func:`leave`, called by :class:`hardcount.api.ApiView`): each of its
+transactions sets the role and the settings with ``SET LOCAL`` (decision 0183), so no session
+state is left for a transaction-pooling PgBouncer to hand to another client. Everything else —
 the background roles, the admin, management commands, migrations, threads the API starts —
 runs as the connecting role, the tables' owner: the cross-tenant role.
 
@@ -98,34 +100,78 @@ REVOKE ALL ON {table} FROM {TENANT_ROLE};
 """
 
 
-def enter(tenant_id: str, livemode: bool, using: str = "default") -> None:
-    """Make the connection ``using`` act for one tenant and mode: settings first, then ``SET ROLE``.
+# APPLY: the tenant, for the current transaction only (set_config(..., true) is SET LOCAL; the role
+# is a setting too). RESET_LOCAL: back to the connecting role and no tenant, also for this transaction.
+APPLY = "SELECT set_config('role', %s, true), set_config(%s, %s, true), set_config(%s, %s, true)"
+RESET_LOCAL = "SELECT set_config('role', 'none', true), set_config(%s, '', true), set_config(%s, '', true)"
 
-    Session-level (not ``SET LOCAL``): a view runs services that open and commit their own
-    transactions, and every one of them must stay under the tenant. :func:`leave` undoes it.
+
+def _apply(connection) -> None:
+    tenant_id, livemode = connection.tenant
+    connection.tenant_applied = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                APPLY,
+                [TENANT_ROLE, TENANT_SETTING, tenant_id, LIVEMODE_SETTING, "true" if livemode else "false"],
+            )
+    except BaseException:
+        connection.tenant_applied = False
+        raise
+
+
+def apply_tenant(execute, sql, params, many, context):
+    """The execute wrapper of every connection (:mod:`hardcount.db.base`): while the connection acts for a
+    tenant, the first statement of each transaction is preceded by :data:`APPLY`.
+
+    A statement outside any transaction (autocommit) gets one of its own, so it runs under the tenant
+    too. The backend clears ``tenant_applied`` at every commit, rollback and savepoint rollback.
     """
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config(%s, %s, false), set_config(%s, %s, false)",
-            [TENANT_SETTING, tenant_id, LIVEMODE_SETTING, "true" if livemode else "false"],
-        )
-        cursor.execute(f"SET ROLE {TENANT_ROLE}")
+    connection = context["connection"]
+    if getattr(connection, "tenant", None) is None or connection.tenant_applied:
+        return execute(sql, params, many, context)
+    if connection.get_autocommit():
+        with transaction.atomic(using=connection.alias):
+            _apply(connection)
+            return execute(sql, params, many, context)
+    _apply(connection)
+    return execute(sql, params, many, context)
+
+
+def enter(tenant_id: str, livemode: bool, using: str = "default") -> None:
+    """Make the connection ``using`` act for one tenant and mode, transaction by transaction.
+
+    Nothing is set on the session: every transaction the connection runs from now on — the
+    services' own ``atomic()`` blocks and each statement outside one — starts with ``SET LOCAL``
+    of the settings and the role (:func:`apply_tenant`), so the switch holds through a
+    transaction-pooling PgBouncer, which hands each transaction whatever server connection is
+    free. Inside an open transaction it applies at once. :func:`leave` undoes it.
+    """
+    connection = connections[using]
+    connection.tenant = (tenant_id, livemode)
+    connection.tenant_applied = False
+    if connection.in_atomic_block:
+        _apply(connection)
 
 
 def leave(using: str = "default") -> None:
     """Give the connection ``using`` back as the connecting role with no tenant settings.
 
-    Safe to call when :func:`enter` was not. When the reset itself fails (a broken connection,
-    an aborted transaction outside any atomic block) the connection is closed, so it is never
-    reused as the tenant; inside an atomic block the error is raised, and the rollback of that
-    block undoes the settings made in it.
+    Safe to call when :func:`enter` was not. Later transactions run as the owner; inside an open
+    transaction the settings are reset for its remainder too. When that reset fails (a broken
+    connection, an aborted transaction outside any atomic block) the connection is closed; inside
+    an atomic block the error is raised, and the rollback of that block undoes the settings made in it.
     """
     connection = connections[using]
-    if connection.connection is None:
+    entered = getattr(connection, "tenant", None) is not None
+    connection.tenant = None
+    connection.tenant_applied = False
+    # Outside a transaction nothing is left to reset: every transaction that applied the tenant has ended.
+    if not entered or connection.connection is None or connection.get_autocommit():
         return
     try:
         with connection.cursor() as cursor:
-            cursor.execute(f"RESET ROLE; RESET {TENANT_SETTING}; RESET {LIVEMODE_SETTING}")
+            cursor.execute(RESET_LOCAL, [TENANT_SETTING, LIVEMODE_SETTING])
     except DatabaseError:
         if connection.in_atomic_block:
             raise
@@ -137,16 +183,13 @@ def cross_tenant(using: str = "default") -> Iterator[None]:
     """Run the block as the connecting role (the cross-tenant owner), then as before.
 
     For the few steps of a request that read or write rows no tenant owns (a manual run's leader
-    lease). Outside a request it changes nothing. The switch is ``SET LOCAL ROLE NONE`` in a
-    transaction (the caller's, or one opened here), and the tenant role is set back with ``SET
-    LOCAL`` at the end: should that fail, the transaction is aborted, and its rollback restores
-    the session's tenant role by itself. So an error can never leave the request as the owner.
+    lease, a claim). Outside a request it changes nothing and runs no statement. The switch is
+    ``SET LOCAL ROLE NONE`` in a transaction (the caller's, or one opened here), and the tenant
+    role is set back with ``SET LOCAL`` at the end: should that fail, the transaction is aborted,
+    and its rollback ends the switch with it. So an error can never leave the request as the owner.
     """
     connection = connections[using]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_user = %s", [TENANT_ROLE])
-        switched = cursor.fetchone()[0]
-    if not switched:
+    if getattr(connection, "tenant", None) is None:
         yield
         return
     with transaction.atomic(using=using):
@@ -174,6 +217,7 @@ __all__ = [
     "OWN_TENANT_ROWS",
     "TENANT_ROLE",
     "TENANT_SETTING",
+    "apply_tenant",
     "create_role_sql",
     "cross_tenant",
     "current_role",

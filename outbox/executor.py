@@ -158,6 +158,9 @@ class ExecutorConfig:
     jitter: float = 0.2
     reap_batch: int = 500
     listen: bool = True
+    # Connections go through a transaction-pooling PgBouncer (HARDCOUNT_DB_TRANSACTION_POOLING): no LISTEN
+    # (a notification goes to whichever server connection listened, not to us) and no session settings.
+    pooled: bool = False
 
     @property
     def lease_s(self) -> float:
@@ -183,6 +186,8 @@ class ExecutorConfig:
             breaker_threshold=int(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_THRESHOLD", 5)),
             breaker_cooldown_s=float(getattr(settings, "HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S", 60.0)),
             shutdown_grace_s=getattr(settings, "HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", None),
+            listen=not getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False),
+            pooled=bool(getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False)),
         )
         return replace(base, **overrides)
 
@@ -311,8 +316,10 @@ class Executor:
             min_size=1,
             max_size=cfg.workers + 3,
             open=False,
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            configure=_configure_connection,
+            # prepare_threshold None: never a server-side prepared statement (a pooler's next transaction
+            # may land on a server connection that does not have it).
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
+            configure=_configure_pooled_connection if cfg.pooled else _configure_connection,
             name=f"outbox-{self.executor_id}",
         )
         try:
@@ -773,6 +780,12 @@ async def _configure_connection(conn: psycopg.AsyncConnection) -> None:
     await conn.execute("SET TIME ZONE 'UTC'")
     await conn.execute("SET statement_timeout = '15s'")
     await conn.execute("SET idle_in_transaction_session_timeout = '15s'")
+
+
+async def _configure_pooled_connection(conn: psycopg.AsyncConnection) -> None:
+    # Only the time zone, which PgBouncer carries from client to server connection itself; the pooler's
+    # query_timeout and idle_transaction_timeout bound statements and idle transactions instead.
+    await conn.execute("SET TIME ZONE 'UTC'")
 
 
 def _transport_error(exc: Exception, cfg: ExecutorConfig) -> str:

@@ -15,10 +15,11 @@ is due by the target; then ``frozen_time = target``, the clock is ``ready`` agai
 ``test_clock.advanced`` is emitted. So every period in between is billed in order, at its own
 time: renewals, trials ending, ``cancel_at_period_end`` taking effect, dunning retries.
 
-Crash safety (docs/decisions/0080-test-clock-advance-runs-in-the-background.md): the thread
-holds a PostgreSQL session advisory lock on the clock for the whole walk. A process that dies
-closes its connection, which frees the lock, so "``advancing`` and the lock is free" means the
-advance was orphaned; the billing tick (:func:`resume_stalled_advances`) and a read of the clock
+Crash safety (docs/decisions/0080-test-clock-advance-runs-in-the-background.md, 0182): the thread
+holds a claim on the clock (:mod:`hardcount.claims`) for the whole walk, renewed by its process's
+heartbeat. The claim of a process that dies lapses one ``HARDCOUNT_CLAIM_TTL_S`` after its last
+beat, so "``advancing`` and no live claim" means the advance was orphaned; the billing tick
+(:func:`resume_stalled_advances`) and a read of the clock
 through the API resume it toward its recorded target. Every step of the walk is idempotent (the
 drain's exactly-once guards, the monotonic clock update), so resuming is safe at any point.
 """
@@ -52,6 +53,7 @@ from billing.services import dunning_pass, pausing
 from billing.services.drain import drain_due
 from billing.services.payments import charges_in_flight, in_flight_window
 from dunning import services as dunning_services
+from hardcount import claims
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.times import iso
 
@@ -71,17 +73,11 @@ MAX_ADVANCE = relativedelta(years=5)
 ADVANCE_CONCURRENCY = 2
 
 
-# TRY_ADVANCE_LOCK: the session advisory lock an advancer holds for its whole walk. Session
-# scoped, so it outlives the walk's transactions and dies with the connection: a crashed
-# process frees it at once, and a free lock on an ``advancing`` clock means nobody advances it.
-# The key is a 64-bit hash of the clock id (a collision would only serialise two clocks).
-TRY_ADVANCE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
-RELEASE_ADVANCE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.test_clock:' || %s, 0))"
-# ADVANCE_LOCK_FREE: the liveness probe, inside a transaction. The transaction-scoped try-lock
-# succeeds only when no session holds the advancer's lock, never waits, and is released when the
-# transaction ends. A walker that tries its lock during a probe leaves; that is safe because a
-# probe that got the lock always starts a walker itself.
-ADVANCE_LOCK_FREE = "SELECT pg_try_advisory_xact_lock(hashtextextended('hardcount.test_clock:' || %s, 0))"
+# The advance lock: a claim (hardcount.claims) on this key that the walker holds for its whole walk,
+# kept alive by the process's claims heartbeat. A crashed process stops beating, so its claim lapses
+# one HARDCOUNT_CLAIM_TTL_S later, and a clock ``advancing`` with no live claim is one nobody walks.
+def _advance_key(clock_id: str) -> str:
+    return f"test_clock:{clock_id}"
 
 
 class TestClockAdvancing(StateConflictError):
@@ -224,7 +220,7 @@ _threads: dict[str, threading.Thread] = {}
 _threads_lock = threading.Lock()
 # At most this many walks at once per process (each holds 1 + ADVANCE_CONCURRENCY connections);
 # the others wait before connecting. A waiting walk looks orphaned to other processes, which may
-# take it over; the advisory lock still lets one walker through.
+# take it over; the claim still lets one walker through.
 MAX_WALKS_PER_PROCESS = 4
 _walk_slots = threading.BoundedSemaphore(MAX_WALKS_PER_PROCESS)
 
@@ -233,7 +229,7 @@ def start_advance(clock_id: str) -> threading.Thread:
     """Run :func:`run_advance` for ``clock_id`` on a background thread with its own connection; returns it.
 
     A thread of this process already walking that clock is returned instead of a second one.
-    Across processes the advisory lock lets exactly one walker through.
+    Across processes the clock's claim lets exactly one walker through.
     """
     with _threads_lock:
         running = _threads.get(clock_id)
@@ -271,25 +267,28 @@ def wait_for_advances(timeout_s: float | None = None) -> bool:
 def run_advance(clock_id: str) -> bool:
     """Walk an ``advancing`` clock to its ``advance_target`` on this thread; False when there was nothing to do.
 
-    Holds the clock's advisory lock on this thread's connection for the whole walk; returns
-    False at once when another session holds it (that one is walking the clock), or when the
-    clock is not ``advancing``. An error that ends the walk (:class:`AdvanceFailed`, or any
-    exception from the drain or dunning) returns the clock to ``ready`` where it got to, with
-    ``last_failure`` saying why, and emits ``test_clock.advanced``; if even that cannot be
-    written (the database went away) the clock stays ``advancing`` for :func:`resume_stalled_advances`.
+    Holds the clock's claim for the whole walk; returns False at once when another holder has it
+    (that one is walking the clock), or when the clock is not ``advancing``; stops between two
+    instants, leaving the clock to its new walker, if the claim lapsed meanwhile (this process
+    stopped beating long enough for another to take over). An error that ends the walk
+    (:class:`AdvanceFailed`, or any exception from the drain or dunning) returns the clock to
+    ``ready`` where it got to, with ``last_failure`` saying why, and emits ``test_clock.advanced``;
+    if even that cannot be written (the database went away) the clock stays ``advancing`` for
+    :func:`resume_stalled_advances`.
     """
     if connection.in_atomic_block:
         raise RuntimeError("run_advance must not run inside a transaction: each step commits on its own")
-    with connection.cursor() as cursor:
-        cursor.execute(TRY_ADVANCE_LOCK, [clock_id])
-        if not cursor.fetchone()[0]:
-            return False
+    key = _advance_key(clock_id)
+    if not claims.take([key]):
+        return False
     try:
         clock = TestClock.objects.filter(pk=clock_id).first()
         if clock is None or clock.status != TestClock.ADVANCING or clock.advance_target is None:
             return False
         try:
-            _walk(clock)
+            if not _walk(clock, still_ours=lambda: bool(claims.still_held([key]))):
+                log.warning("advance of test clock %s: its claim lapsed; another walker has it", clock_id)
+                return True
         except Exception as exc:
             log.exception("advance of test clock %s failed", clock_id)
             _stop_where_it_got(clock.id, exc)
@@ -298,20 +297,24 @@ def run_advance(clock_id: str) -> bool:
         return True
     finally:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute(RELEASE_ADVANCE_LOCK, [clock_id])
+            claims.release([key])
         except DatabaseError:
-            connection.close()  # the session, and with it the lock, is gone anyway
+            connection.close()  # the claim lapses by itself
 
 
-def _walk(clock: TestClock) -> None:
-    """Process every instant from the clock's time to its target, in order (see the module docstring)."""
+def _walk(clock: TestClock, *, still_ours=lambda: True) -> bool:
+    """Process every instant from the clock's time to its target, in order (see the module docstring).
+
+    False when ``still_ours()``, asked before each instant, says the walk is no longer this thread's.
+    """
     target = clock.advance_target
     instant = clock.frozen_time
     _wait_out_payments_in_flight(clock)
     if not _due_by(clock, instant):
         instant = _next_instant(clock, after=instant, target=target)
     while instant is not None:
+        if not still_ours():
+            return False
         _set_time(clock.id, instant)
         if _process_instant(clock, instant):
             # A subscription closed a period and its next one is due by this instant too (a clock
@@ -320,15 +323,17 @@ def _walk(clock: TestClock) -> None:
         # Whatever else is still due by this instant failed here; the drain tries it again (once)
         # at every later instant, and the clock's last_failure says why.
         instant = _next_instant(clock, after=instant, target=target)
+    return True
 
 
 def _wait_out_payments_in_flight(clock: TestClock) -> None:
-    """Wait while another session sends a payment of the clock's invoices (holds its charge lock), at most
+    """Wait while another holder sends a payment of the clock's invoices (has its charge lock), at most
     the in-flight window.
 
     The attempts of a clock are dated by the clock, so in flight is what their charge locks say
-    (:func:`billing.services.payments.charging`): a walker that died mid-charge freed its locks with
-    its connection, and the drain re-sends its attempts under their own keys at once. A live sender
+    (:func:`billing.services.payments.charging`): a walker that died mid-charge lost its locks with
+    its claims (one claim TTL after its last heartbeat), and the drain re-sends its attempts under
+    their own keys. A live sender
     (``POST /v1/invoices/{id}/pay``, the reconciler) finishes within the window
     (:func:`billing.services.payments.in_flight_window`, on the monotonic clock); until then the
     drain would skip its subscription as "being charged elsewhere".
@@ -497,11 +502,8 @@ def _stop_where_it_got(clock_id: str, exc: Exception) -> None:
 
 
 def _advancer_alive(clock_id: str) -> bool:
-    """True when some session holds the clock's advance lock (someone is walking it)."""
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(ADVANCE_LOCK_FREE, [clock_id])
-            return not cursor.fetchone()[0]
+    """True when some holder has a live claim on the clock (someone is walking it)."""
+    return bool(claims.held_elsewhere([_advance_key(clock_id)]))
 
 
 def resume_if_stalled(clock: TestClock) -> bool:
@@ -517,7 +519,7 @@ def resume_if_stalled(clock: TestClock) -> bool:
 
 
 def resume_stalled_advances(*, livemode: bool = False) -> list[str]:
-    """Resume every orphaned advance (``advancing``, lock free) of one mode in the background; their ids.
+    """Resume every orphaned advance (``advancing``, no live claim) of one mode in the background; their ids.
 
     The billing tick calls this in its test-mode pass: an advance whose process died (SIGKILL,
     a recycled web worker) is picked up within one billing interval.

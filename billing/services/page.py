@@ -127,7 +127,7 @@ def prepare_page(
     ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
     their invoice finalised and their first attempt reserved, committed; ``others`` (in page
     order) were left untouched for the per-close path. On a test clock the charge lock of each
-    prepared invoice is taken on this session (:func:`~billing.services.payments.take_charge_locks`):
+    prepared invoice is taken for this thread (:func:`~billing.services.payments.take_charge_locks`):
     call this inside :func:`~billing.services.payments.charging`. Raises the database's error
     (nothing of the batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the
     fence refuses.

@@ -22,9 +22,10 @@ declined, a final error) is never overwritten by a later indefinite one.
 An attempt of an invoice on a test clock is dated by the clock, like everything else of the
 clock's objects (docs/decisions/0082-test-clock-time-rules.md): its times say nothing about the
 wall clock, so whether it is in flight is not read from them. Its sender holds the invoice's
-*charge lock* instead, a PostgreSQL session advisory lock taken when the attempt is reserved and
-released once the outcome is recorded (:func:`charging`): in flight means "a live session holds
-the lock", and a process that dies frees it with its connection.
+*charge lock* instead, a claim (:mod:`hardcount.claims`) taken when the attempt is reserved and
+released once the outcome is recorded (:func:`charging`): in flight means "a live holder has the
+claim", and the claim of a process that dies lapses one ``HARDCOUNT_CLAIM_TTL_S`` after its last
+heartbeat (decision 0182).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from billing.periods import period_start
 from billing.queries import record_billing_failure
 from billing.services.ledger import carry_debit_locked
 from dunning import services as dunning_services
+from hardcount import claims
 from hardcount.errors import StateConflictError
 from hardcount.fencing import NO_FENCE, Fence
 from hardcount.money import minimum_charge
@@ -208,24 +210,15 @@ def attempt_time(now: datetime, *, test_clock_id: str | None, as_of: datetime | 
 
 # --- the charge lock of a clock's invoice ----------------------------------------------------------------------------
 
-# CHARGE_LOCK: the session advisory lock the sender of a test-clock invoice's charge holds from
-# the reservation to the recorded outcome. Session scoped, so it outlives the reservation's
-# transaction and dies with the connection. The key is a 64-bit hash of the invoice id (a
-# collision would only make two invoices' charges wait for each other).
-TRY_CHARGE_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('hardcount.charge:' || %s, 0))"
-RELEASE_CHARGE_LOCK = "SELECT pg_advisory_unlock(hashtextextended('hardcount.charge:' || %s, 0))"
-# CHARGE_LOCKS_HELD: which of the given invoices another session holds the charge lock of, read
-# from pg_locks without taking anything (a bigint advisory key shows as classid:objid, objsubid 1).
-CHARGE_LOCKS_HELD = """
-SELECT i.id FROM unnest(%s::text[]) AS i(id)
-WHERE EXISTS (
-    SELECT 1 FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
-      AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('hardcount.charge:' || i.id, 0)
-)
-"""
 
-# The charge locks this thread's session holds, in the order taken (a lock taken twice is listed twice).
+# The charge lock is a claim (hardcount.claims) on this key, taken by the sending thread from the
+# reservation to the recorded outcome: it outlives the reservation's transaction and lapses one claim
+# TTL after its process stops beating.
+def _charge_key(invoice_id: str) -> str:
+    return f"charge:{invoice_id}"
+
+
+# The charge locks this thread holds, in the order taken (a lock taken twice is listed twice).
 _held = threading.local()
 
 
@@ -236,51 +229,35 @@ def _held_locks() -> list[str]:
 
 
 def take_charge_lock(invoice_id: str) -> bool:
-    """Take the charge lock of a test-clock invoice on this session; False when another session holds it.
+    """Take the charge lock of a test-clock invoice for this thread; False when another holder has it.
 
     Released by the :func:`charging` block around the charge (run every reservation inside one).
     """
-    with connection.cursor() as cursor:
-        cursor.execute(TRY_CHARGE_LOCK, [invoice_id])
-        taken = cursor.fetchone()[0]
-    if taken:
-        _held_locks().append(invoice_id)
-    return taken
+    return not take_charge_locks([invoice_id])
 
 
 def take_charge_locks(invoice_ids: list[str]) -> list[str]:
-    """:func:`take_charge_lock` for each of ``invoice_ids`` in one statement; the ids another session holds."""
+    """:func:`take_charge_lock` for each of ``invoice_ids`` in one statement; the ids another holder has."""
     if not invoice_ids:
         return []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.id, pg_try_advisory_lock(hashtextextended('hardcount.charge:' || i.id, 0))"
-            " FROM unnest(%s::text[]) WITH ORDINALITY AS i(id, n) ORDER BY i.n",
-            [list(invoice_ids)],
-        )
-        rows = cursor.fetchall()
-    _held_locks().extend(invoice_id for invoice_id, taken in rows if taken)
-    return [invoice_id for invoice_id, taken in rows if not taken]
+    taken = set(claims.take([_charge_key(invoice_id) for invoice_id in invoice_ids]))
+    _held_locks().extend(invoice_id for invoice_id in invoice_ids if _charge_key(invoice_id) in taken)
+    return [invoice_id for invoice_id in invoice_ids if _charge_key(invoice_id) not in taken]
 
 
 def charges_in_flight(invoice_ids: list[str]) -> list[str]:
-    """The invoices among ``invoice_ids`` whose charge lock another session holds (their charge is in flight)."""
-    if not invoice_ids:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute(CHARGE_LOCKS_HELD, [list(invoice_ids)])
-        return [row[0] for row in cursor.fetchall()]
+    """The invoices among ``invoice_ids`` whose charge lock another holder has (their charge is in flight)."""
+    held = set(claims.held_elsewhere([_charge_key(invoice_id) for invoice_id in invoice_ids]))
+    return [invoice_id for invoice_id in invoice_ids if _charge_key(invoice_id) in held]
 
 
 def _release(taken: list[str]) -> None:
     if not taken:
         return
     try:
-        with connection.cursor() as cursor:
-            for invoice_id in reversed(taken):
-                cursor.execute(RELEASE_CHARGE_LOCK, [invoice_id])
+        claims.release([_charge_key(invoice_id) for invoice_id in reversed(taken)])
     except DatabaseError:
-        log.warning("could not free %d charge lock(s); closing the session frees them", len(taken))
+        log.warning("could not free %d charge lock(s); they lapse by themselves", len(taken))
         connection.close()
 
 
@@ -289,7 +266,7 @@ def charging() -> Iterator[None]:
     """Wrap a reservation, its gateway call and its record: on the way out, free the charge locks taken inside.
 
     Blocks nest: each frees only the locks taken since it began. A lock that cannot be freed
-    because the connection broke is gone with the session already.
+    (the database is unreachable) lapses by itself one claim TTL later.
     """
     held = _held_locks()
     mark = len(held)
@@ -313,8 +290,8 @@ def reserve_attempt_locked(
     key and body, or, when :func:`must_look_up` (its PaymentIntent is processing, or its key may
     have expired at the gateway, measured on the database's wall clock), looked up instead
     (``plan.look_up``): raises :class:`PaymentInFlight` when it is ``unknown`` and someone is
-    sending it right now (younger than :func:`in_flight_window`; on a test clock, another session
-    holds the invoice's charge lock). Otherwise a new attempt: number n+1, key
+    sending it right now (younger than :func:`in_flight_window`; on a test clock, another holder
+    has the invoice's charge lock). Otherwise a new attempt: number n+1, key
     ``hc:{invoice}:create`` while the invoice has no PaymentIntent, else
     ``hc:{invoice}:attempt:{n+1}``, charging the customer's current default payment method
     ``amount_due`` (frozen since finalisation). With no payment method there is nothing to call:

@@ -16,7 +16,7 @@ from billing.services.ledger import grant_credit
 from billing.services.usage import create_meter
 from dunning.models import DunningSettings
 from hardcount import audit, ratelimit
-from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
+from hardcount.models import ApiKey, Claim, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt
 from tests.api.test_admin import admin_models
@@ -27,7 +27,7 @@ APPS = ("hardcount", "billing", "dunning", "outbox", "leases")
 
 
 def test_every_list_and_object_page_renders(book, no_doctor, operator):
-    # no_doctor: a few rows below (a delivery attempt, a lease, a clock) are written straight to the tables.
+    # no_doctor: a few rows below (a delivery attempt, a lease, a claim, a clock) are written straight to the tables.
     tenant = book.tenant()
     make_endpoint(tenant, "https://example.com/hook")
     paying = book.subscribed(tenant)
@@ -53,6 +53,7 @@ def test_every_list_and_object_page_renders(book, no_doctor, operator):
     DeliveryAttempt.objects.create(delivery=delivery, number=1, outcome="retryable", status_code=503, error="503")
     now = timezone.now()
     LeaderLease.objects.create(role="billing", holder="h:1:ab", token=1, heartbeat_at=now, expires_at=now)
+    Claim.objects.create(key="test_clock:clk_admin", holder="h:1:ab:1", expires_at=now)
     TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
     create_meter(tenant_id=tenant.id, livemode=False, display_name="API calls", event_name="api_calls", formula="sum")
     DunningSettings.objects.create(tenant=tenant, livemode=False)

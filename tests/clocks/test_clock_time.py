@@ -8,10 +8,9 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from dateutil.relativedelta import relativedelta
-from django.db import connection, transaction
+from django.db import transaction
 
 from billing.models import BillingRun, Invoice, LedgerEntry, PaymentAttempt, Subscription, TestClock
 from billing.services.drain import reconcile
@@ -22,6 +21,7 @@ from dunning.models import DunningRun
 from ops.doctor import run_checks
 from outbox.models import Event
 from tests.billing.conftest import DECLINING_CARD
+from tests.claim_holder import TTL_S, OtherHolder
 from tests.clocks.helpers import advance, make_clock, subscribe
 
 # A month after the wall clock of the machines this runs on: a wall-clock stamp lies before the clock began.
@@ -146,18 +146,7 @@ def test_the_pay_api_and_the_reconciler_charge_a_clock_invoice_at_the_clock_time
     assert [at for _, at in _stamps(clock) if not T0 <= at <= clock.frozen_time] == []
 
 
-@pytest.fixture
-def other_session():
-    """A second database session (as another process's sender would have)."""
-    s = connection.settings_dict
-    session = psycopg.connect(host=s["HOST"], port=s["PORT"], user=s["USER"], dbname=s["NAME"], autocommit=True)
-    yield session
-    session.close()
-
-
-def test_a_clock_charge_is_in_flight_exactly_while_a_live_session_holds_its_charge_lock(
-    book, tenant, stripe_proxy, other_session
-):
+def test_a_clock_charge_is_in_flight_exactly_while_a_live_holder_has_its_charge_lock(book, tenant, stripe_proxy):
     clock = make_clock(tenant, T0)
     sub = subscribe(book, clock)
     stripe_proxy.fail_next("timeout", match="POST /v1/payment_intents")
@@ -165,17 +154,16 @@ def test_a_clock_charge_is_in_flight_exactly_while_a_live_session_holds_its_char
     invoice = Invoice.objects.get(subscription=sub)
     assert invoice.payment_attempts.get().outcome == PaymentAttempt.UNKNOWN
 
-    held = other_session.execute(
-        "SELECT pg_try_advisory_lock(hashtextextended('hardcount.charge:' || %s, 0))", [invoice.id]
-    ).fetchone()[0]
-    assert held
+    sender = OtherHolder(f"charge:{invoice.id}")  # another process sending it
     assert charges_in_flight([invoice.id]) == [invoice.id]
     with pytest.raises(PaymentInFlight):
         pay_invoice(invoice.id, tenant_id=tenant.id, livemode=False)
     assert reconcile(livemode=False)["payments_resolved"] == 0
     assert invoice.payment_attempts.get().outcome == PaymentAttempt.UNKNOWN
 
-    other_session.close()  # the sender's process died: the server frees its lock with the session
+    time.sleep(2 * TTL_S)  # a live sender's claim does not lapse: it beats
+    assert charges_in_flight([invoice.id]) == [invoice.id]
+    sender.die()  # the sender's process died: its claim is no longer renewed and lapses
     deadline = time.monotonic() + 10
     while charges_in_flight([invoice.id]) and time.monotonic() < deadline:
         time.sleep(0.02)

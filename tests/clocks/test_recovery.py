@@ -1,6 +1,6 @@
 """An advance survives its process: a walker killed mid-way leaves the clock ``advancing`` with its
-lock free, and the billing tick (or a read of the clock) resumes the walk to the recorded target
-with every period billed once (decision 0080). One walker at a time: the advisory lock."""
+claim lapsed, and the billing tick (or a read of the clock) resumes the walk to the recorded target
+with every period billed once (decision 0080). One walker at a time: the clock's claim (decision 0182)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ import sys
 import time
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 from dateutil.relativedelta import relativedelta
-from django.db import connection
 from django.db.models import Count
 
 from billing.models import Invoice, TestClock
 from billing.services.clocks import resume_stalled_advances, run_advance, wait_for_advances
 from tests.billing.conftest import STRIPE_KEY
+from tests.claim_holder import TTL_S, OtherHolder
 from tests.clocks.helpers import make_clock, subscribe
 from tests.system.harness import BASE_DIR, SchedulerProcess, database_url
 
@@ -48,22 +47,17 @@ def _wait_until(predicate, timeout_s: float = 60.0, what: str = "condition") -> 
 
 @pytest.fixture
 def hold_clock_lock():
-    """``hold(clock_id)``: another session takes the clock's advance lock (as a live walker does)."""
-    sessions = []
+    """``hold(clock_id)``: another process takes the clock's advance claim (as a live walker does) and beats."""
+    holders = []
 
-    def hold(clock_id: str) -> psycopg.Connection:
-        s = connection.settings_dict
-        session = psycopg.connect(host=s["HOST"], port=s["PORT"], user=s["USER"], dbname=s["NAME"], autocommit=True)
-        sessions.append(session)
-        taken = session.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended('hardcount.test_clock:' || %s, 0))", [clock_id]
-        ).fetchone()[0]
-        assert taken
-        return session
+    def hold(clock_id: str) -> OtherHolder:
+        holders.append(OtherHolder(f"test_clock:{clock_id}"))
+        return holders[-1]
 
     yield hold
-    for session in sessions:
-        session.close()
+    for holder in holders:
+        if not holder.session.closed:
+            holder.die()
 
 
 def test_a_live_walker_keeps_every_other_walker_and_the_resumer_out(book, tenant, hold_clock_lock):
@@ -77,9 +71,11 @@ def test_a_live_walker_keeps_every_other_walker_and_the_resumer_out(book, tenant
     assert resume_stalled_advances() == []
     assert _periods_billed(clock) == {}
 
-    walker.close()  # the walker's process died: its session ends and the server frees the lock
+    time.sleep(2 * TTL_S)  # a live walker's claim does not lapse: it beats
+    assert resume_stalled_advances() == []
+    walker.die()  # the walker's process died: its claim is no longer renewed and lapses
     resumed = []
-    _wait_until(lambda: resumed.extend(resume_stalled_advances()) or resumed, what="the lock to be freed")
+    _wait_until(lambda: resumed.extend(resume_stalled_advances()) or resumed, what="the claim to lapse")
     assert resumed == [clock.id]
     assert wait_for_advances(timeout_s=120)
     clock.refresh_from_db()

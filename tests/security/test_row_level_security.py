@@ -260,3 +260,31 @@ def test_a_background_connection_is_the_cross_tenant_owner_not_the_tenant_role(a
         tenancy.leave()
     assert roles and roles[0] != tenancy.TENANT_ROLE
     assert roles[0] == tenancy.current_role()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tenant_holds_in_every_transaction_yet_nothing_is_left_on_the_session(acme):
+    """Transaction pooling hands each transaction any server connection: the switch must live in transactions only."""
+
+    def session_level() -> tuple[str, str]:
+        # The raw connection, past Django's execute wrappers: what the session itself carries.
+        row = connection.connection.execute(
+            "SELECT current_user, COALESCE(current_setting(%s, true), '')", [tenancy.TENANT_SETTING]
+        ).fetchone()
+        return row[0], row[1]
+
+    owner = tenancy.current_role()
+    tenancy.enter(acme.tenant.pk, False)
+    try:
+        assert _session_state() == (tenancy.TENANT_ROLE, acme.tenant.pk, "false")  # a statement on its own
+        for _ in range(2):  # one committed transaction, then the next one
+            with transaction.atomic():
+                assert _session_state() == (tenancy.TENANT_ROLE, acme.tenant.pk, "false")
+        assert session_level() == (owner, "")
+        # The control: a session-level switch is what the probe above would see.
+        connection.connection.execute("SELECT set_config(%s, %s, false)", [tenancy.TENANT_SETTING, acme.tenant.pk])
+        assert session_level() == (owner, acme.tenant.pk)
+        connection.connection.execute(f"RESET {tenancy.TENANT_SETTING}")
+    finally:
+        tenancy.leave()
+    assert _session_state() == (owner, "", "")

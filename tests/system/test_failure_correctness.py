@@ -92,6 +92,13 @@ def take_over(pool: Replicas, dead, standby_future):
 def test_a_scheduler_killed_at_every_point_of_a_drain_bills_every_period_exactly_once(
     transactional_db, stripe_proxy, gateway, make_card, replicas
 ):
+    kill_sweep(stripe_proxy, gateway, make_card, replicas, kill_points=range(1, SWEEP_SIZE))
+
+
+def kill_sweep(
+    stripe_proxy, gateway, make_card, replicas, *, kill_points, label="runscheduler SIGKILLed mid-drain"
+) -> None:
+    """The kill sweep at ``kill_points`` (of 1 … N-1), the replicas made by ``replicas(env)``; records its row."""
     started = time.monotonic()
     book = Book(make_card)
     pool = replicas(billing_env(stripe_proxy))
@@ -99,7 +106,6 @@ def test_a_scheduler_killed_at_every_point_of_a_drain_bills_every_period_exactly
     leader.wait_for("lease_acquired", role="billing", timeout_s=30)
     standby = pool.start()
     total, observed = Audit(), []
-    kill_points = range(1, SWEEP_SIZE)
     for k in kill_points:
         seeded = seed_book(book, gateway, SWEEP_SIZE, name=f"Sweep {k}")
         tenant_id = seeded.tenant.id
@@ -123,9 +129,13 @@ def test_a_scheduler_killed_at_every_point_of_a_drain_bills_every_period_exactly
     exact = sum(1 for k, (inv, closes) in zip(kill_points, observed, strict=True) if (inv if k % 2 else closes) == k)
     record_row(
         ReportRow(
-            "kill sweep: runscheduler SIGKILLed mid-drain, successor finishes",
+            f"kill sweep: {label}, successor finishes",
             runs=len(kill_points),
-            kill_points=f"1..{SWEEP_SIZE - 1} (every; {exact} exact)",
+            kill_points=(
+                f"1..{SWEEP_SIZE - 1} (every; {exact} exact)"
+                if list(kill_points) == list(range(1, SWEEP_SIZE))
+                else f"{', '.join(map(str, kill_points))} ({exact} exact)"
+            ),
             invoices=total.invoices,
             duplicates=total.duplicates,
             lost=total.lost_periods,
@@ -377,6 +387,13 @@ def subscribed(enabled_events: list[str], event_type: str) -> bool:
 def test_executors_killed_mid_delivery_deliver_every_event_to_every_subscribed_endpoint_once_recorded(
     transactional_db, stripe_proxy, gateway, make_card, replicas
 ):
+    executors_killed_mid_delivery(stripe_proxy, gateway, make_card, replicas)
+
+
+def executors_killed_mid_delivery(
+    stripe_proxy, gateway, make_card, replicas, *, label="webhook executors SIGKILLed mid-delivery"
+) -> None:
+    """The executor-kill experiment, the replicas made by ``replicas(env)``; records its row."""
     from outbox.models import Delivery, DeliveryAttempt, Event
     from outbox.signing import verify
     from tests.outbox.conftest import Answer, Receiver, make_endpoint
@@ -535,7 +552,7 @@ def test_executors_killed_mid_delivery_deliver_every_event_to_every_subscribed_e
     redelivered = sum(n - 1 for n in Counter((r.path, r.json["id"]) for r in whole).values())
     record_row(
         ReportRow(
-            "webhook executors SIGKILLed mid-delivery (receivers slow / hanging / 500 / dropping)",
+            f"{label} (receivers slow / hanging / 500 / dropping)",
             runs=killed + 2,
             kill_points=f"{killed} kills, each with a request in flight",
             invoices=f"{len(events)} events, {len(pairs)} deliveries",

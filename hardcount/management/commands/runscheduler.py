@@ -29,8 +29,12 @@ def bound_idle_transactions() -> None:
     ``idle_in_transaction_session_timeout`` (``HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S``, 5 s) on
     the session: if this process is SIGSTOPped inside a transaction, PostgreSQL ends it, so
     its locks cannot hold back a successor's takeover. (Fenced transactions also set it
-    locally, whichever process runs them.)
+    locally, whichever process runs them.) Behind a transaction-pooling PgBouncer
+    (``HARDCOUNT_DB_TRANSACTION_POOLING``) nothing is set: the pooler refuses the startup option,
+    and its own ``idle_transaction_timeout`` ends such a transaction instead.
     """
+    if settings.HARDCOUNT_DB_TRANSACTION_POOLING:
+        return
     timeout_ms = max(1, round(settings.HARDCOUNT_LEASE_IDLE_TX_TIMEOUT_S * 1000))
     for alias in connections:
         options = connections.settings[alias].setdefault("OPTIONS", {})
