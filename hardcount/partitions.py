@@ -38,6 +38,8 @@ ARCHIVE_SCHEMA = "partition_archive"
 # How long a partition DDL waits for a lock before giving up until the next tick: a waiting
 # ACCESS EXCLUSIVE request queues every later reader of the table behind it.
 LOCK_TIMEOUT = "2s"
+# How many months back a conversion gives their own partition (older rows go to ``_before``).
+OLDEST_MONTHS = 36
 
 
 @dataclass(frozen=True)
@@ -238,9 +240,12 @@ def convert(
             cursor.execute(f"CREATE TABLE {table} {like} PARTITION BY RANGE ({spec.key})")
             cursor.execute(f"SELECT min({spec.key}) FROM {old}")
             oldest = cursor.fetchone()[0]
+            # Months from the oldest row's, but no further back than OLDEST_MONTHS: rows older than that (or ids
+            # not made by hardcount.ids) lie in _before.
             first = month_start(now)
             if oldest is not None:
-                first = min(first, month_start(oldest if spec.kind == "time" else _id_time(oldest, spec)))
+                at = oldest if spec.kind == "time" else _id_time(oldest)
+                first = max(min(first, month_start(at)), add_months(month_start(now), -OLDEST_MONTHS))
             last = add_months(month_start(now), ahead)
             cursor.execute(
                 f"CREATE TABLE {table}_before PARTITION OF {table} FOR VALUES FROM (MINVALUE) TO ({spec.bound(first)})"
@@ -265,7 +270,7 @@ def convert(
             cursor.execute(sql)
 
 
-def _id_time(value: str, spec: Spec) -> datetime:
+def _id_time(value: str) -> datetime:
     from hardcount.ids import _ALPHABET
 
     digits = value.split("_", 1)[-1][:10].lower()
