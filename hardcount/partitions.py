@@ -376,3 +376,41 @@ def operation(spec: Spec, *, forward: Mapping[str, str | None], backward: Mappin
         convert(schema_editor, spec, partitioned=False, constraints=backward)
 
     return migrations.RunPython(partition, unpartition, elidable=False)
+
+
+# --- metrics -------------------------------------------------------------------------------------------------------
+
+
+class PartitionMetrics:
+    """``hardcount_partition_months_ahead{table}``: months past the current one (UTC) that have their own
+    partition, per table of ``HARDCOUNT_PARTITIONED_TABLES`` (below the setting: the role has not kept up;
+    negative: rows of this month already go to ``_after``). Read from the catalog at scrape time."""
+
+    def describe(self):
+        """The family, empty: touches no database."""
+        return [self._family()]
+
+    def collect(self):
+        """The family filled from the catalog, on the caller's connection."""
+        from django.conf import settings
+
+        family = self._family()
+        current = month_start(datetime.now(UTC))
+        with default_connection.cursor() as cursor:
+            for table, entry in settings.HARDCOUNT_PARTITIONED_TABLES.items():
+                spec = Spec(table, entry["key"], kind=entry.get("kind", "time"), prefix=entry.get("prefix", ""))
+                months = months_of(cursor, spec) if is_partitioned(cursor, table) else []
+                if months:
+                    last = months[-1]
+                    family.add_metric([table], (last.year - current.year) * 12 + last.month - current.month)
+        return [family]
+
+    @staticmethod
+    def _family():
+        from prometheus_client.core import GaugeMetricFamily
+
+        return GaugeMetricFamily(
+            "hardcount_partition_months_ahead",
+            "Months past the current one that have their own partition, per partitioned table.",
+            labels=["table"],
+        )

@@ -66,7 +66,8 @@ def seed(tenant, months: list[datetime]) -> None:
     )
     sub = rows.subscription(tenant)
     Meter.objects.create(tenant=tenant, livemode=False, display_name="API", event_name="api", formula="sum")
-    run = BillingRun.objects.create(trigger="scheduler", livemode=False, as_of=timezone.now(), started_at=timezone.now())
+    now = timezone.now()
+    run = BillingRun.objects.create(trigger="scheduler", livemode=False, as_of=now, started_at=now)
     for n, month in enumerate(months):
         at = month + timedelta(days=3, hours=n)
         event = Event.objects.create(id=id_at("evt", at), tenant=tenant, livemode=False, type="x", data={"n": n})
