@@ -170,7 +170,8 @@ def apply_retention(spec: Spec, *, now: datetime, days: int, archive: bool = Fal
 
     ``connection`` must be in autocommit (not inside ``atomic``): ``DETACH … CONCURRENTLY`` cannot run in a
     transaction block. A detach an earlier tick left pending (its session died between the two
-    transactions of a concurrent detach) is completed with ``FINALIZE``. Returns the names detached.
+    transactions of a concurrent detach) is completed with ``FINALIZE`` first: PostgreSQL refuses any
+    other detach of the table meanwhile. Returns the names detached, in that order.
     """
     connection = connection or default_connection
     if connection.in_atomic_block:
@@ -179,8 +180,10 @@ def apply_retention(spec: Spec, *, now: datetime, days: int, archive: bool = Fal
     with connection.cursor() as cursor:
         cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
         try:
+            # A pending detach blocks every other detach of the table, so it is finished first.
             pending = _detach_pending(cursor, spec.table)
-            for name in expired(cursor, spec, cutoff=now - timedelta(days=days)):
+            names = expired(cursor, spec, cutoff=now - timedelta(days=days))
+            for name in sorted(pending & set(names)) + [n for n in names if n not in pending]:
                 if name in pending:
                     cursor.execute(f"ALTER TABLE {spec.table} DETACH PARTITION {name} FINALIZE")
                 else:

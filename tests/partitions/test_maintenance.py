@@ -158,3 +158,26 @@ def test_meter_events_outlive_the_longest_period_and_its_grace():
     assert shorter.returncode != 0 and "HARDCOUNT_METER_EVENT_RETENTION_DAYS must be at least" in shorter.stderr
     env["HARDCOUNT_METER_EVENT_RETENTION_DAYS"] = str(MAX_INTERVAL_COUNT["day"] + 1)
     assert subprocess.run(setup, env=env, check=False).returncode == 0
+
+
+def test_a_concurrent_detach_cut_short_is_finalized_by_the_next_retention(probe):
+    """A DETACH … CONCURRENTLY ended between its two transactions leaves the partition pending (PostgreSQL then
+    refuses a second concurrent detach of it); the next retention completes it with FINALIZE."""
+    import psycopg
+
+    db = connection.settings_dict
+    conninfo = {"dbname": db["NAME"], "host": db["HOST"], "port": db["PORT"], "user": db["USER"]}
+    if db.get("PASSWORD"):
+        conninfo["password"] = db["PASSWORD"]
+    with psycopg.connect(**conninfo) as reader, psycopg.connect(**conninfo, autocommit=True) as detacher:
+        reader.execute("SELECT count(*) FROM partition_probe")  # an open snapshot the detach must wait out
+        detacher.execute("SET statement_timeout = '1s'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            detacher.execute("ALTER TABLE partition_probe DETACH PARTITION partition_probe_p2026_02 CONCURRENTLY")
+        reader.rollback()
+    assert p._detach_pending(connection.cursor(), "partition_probe") == {"partition_probe_p2026_02"}
+    with pytest.raises(DatabaseError, match="already pending detach"):  # any other detach of the table too
+        execute("ALTER TABLE partition_probe DETACH PARTITION partition_probe_before CONCURRENTLY")
+    detached = p.apply_retention(PROBE, now=datetime(2026, 4, 10, tzinfo=UTC), days=31)
+    assert detached == ["partition_probe_p2026_02", "partition_probe_before"]
+    assert "p2026_02" not in months() and rows() == ["may"]
