@@ -181,3 +181,17 @@ def test_a_concurrent_detach_cut_short_is_finalized_by_the_next_retention(probe)
     detached = p.apply_retention(PROBE, now=datetime(2026, 4, 10, tzinfo=UTC), days=31)
     assert detached == ["partition_probe_p2026_02", "partition_probe_before"]
     assert "p2026_02" not in months() and rows() == ["may"]
+
+
+def test_the_months_ahead_metric_reads_the_catalog():
+    from hardcount.partitions import PartitionMetrics
+
+    PartitionMaintenanceRole().tick(context())
+    (family,) = PartitionMetrics().collect()
+    ahead = {sample.labels["table"]: sample.value for sample in family.samples}
+    assert set(ahead) == {spec.table for spec, _days in partition_specs()}
+    assert all(value >= 2 for value in ahead.values()), ahead
+    # The value is the last month's distance from the current one, as the catalog has it.
+    last = p.months_of(connection.cursor(), partition_specs()[0][0])[-1]
+    current = p.month_start(datetime.now(UTC))
+    assert ahead["outbox_event"] == (last.year - current.year) * 12 + last.month - current.month
