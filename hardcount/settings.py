@@ -438,6 +438,60 @@ HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S = (
     _env_float("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", 0) if os.environ.get("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S") else None
 )
 
+# Monthly partitions of the history tables (docs/reference/partitions.md, docs/decisions/0177): each
+# table's partition key (a time, or a time-ordered id and its prefix) and retention in days (None: kept
+# forever). The ``partition_maintenance`` role keeps this month and ``HARDCOUNT_PARTITION_AHEAD_MONTHS``
+# more created, and detaches the partitions older than their table's retention, dropping them (or, with
+# ``HARDCOUNT_PARTITION_ARCHIVE``, moving them to the ``partition_archive`` schema), every interval.
+# Payment attempts and billing attempts are billing history the API serves (docs/reference/domain.md):
+# kept unless an operator sets a retention. Meter events must outlive the longest open period (three
+# years: billing.services.catalog.MAX_INTERVAL_COUNT, in days) and its usage grace window.
+HARDCOUNT_PARTITION_AHEAD_MONTHS = _env_int("HARDCOUNT_PARTITION_AHEAD_MONTHS", 2)
+HARDCOUNT_PARTITION_MAINTENANCE_INTERVAL_S = _env_float("HARDCOUNT_PARTITION_MAINTENANCE_INTERVAL_S", 3600.0)
+HARDCOUNT_PARTITION_ARCHIVE = _env_bool("HARDCOUNT_PARTITION_ARCHIVE", False)
+HARDCOUNT_LONGEST_PERIOD_DAYS = 3 * 366
+HARDCOUNT_METER_EVENT_MIN_RETENTION_DAYS = HARDCOUNT_LONGEST_PERIOD_DAYS + -(-HARDCOUNT_USAGE_GRACE_S // 86400)
+
+
+def _retention_days(name: str, default: int | None) -> int | None:
+    """Days from the environment (``0``: kept forever)."""
+    days = _env_int(name, default or 0)
+    return days or None
+
+
+HARDCOUNT_PARTITIONED_TABLES = {
+    "outbox_event": {
+        "key": "id", "kind": "id", "prefix": "evt",
+        "retention_days": _retention_days("HARDCOUNT_EVENT_RETENTION_DAYS", 90),
+    },
+    "outbox_delivery": {
+        "key": "id", "kind": "id", "prefix": "whd",
+        "retention_days": _retention_days("HARDCOUNT_DELIVERY_RETENTION_DAYS", 90),
+    },
+    "outbox_deliveryattempt": {
+        "key": "delivery_id", "kind": "id", "prefix": "whd",
+        "retention_days": _retention_days("HARDCOUNT_DELIVERY_ATTEMPT_RETENTION_DAYS", 400),
+    },
+    "billing_billingattempt": {
+        "key": "id", "kind": "id", "prefix": "batt",
+        "retention_days": _retention_days("HARDCOUNT_BILLING_ATTEMPT_RETENTION_DAYS", None),
+    },
+    "billing_paymentattempt": {
+        "key": "invoice_id", "kind": "id", "prefix": "in",
+        "retention_days": _retention_days("HARDCOUNT_PAYMENT_ATTEMPT_RETENTION_DAYS", None),
+    },
+    "billing_meterevent": {
+        "key": "timestamp", "kind": "time",
+        "retention_days": _retention_days("HARDCOUNT_METER_EVENT_RETENTION_DAYS", 1200),
+    },
+}  # fmt: skip
+_meter_days = HARDCOUNT_PARTITIONED_TABLES["billing_meterevent"]["retention_days"]
+if _meter_days is not None and _meter_days < HARDCOUNT_METER_EVENT_MIN_RETENTION_DAYS:
+    raise RuntimeError(
+        f"HARDCOUNT_METER_EVENT_RETENTION_DAYS must be at least {HARDCOUNT_METER_EVENT_MIN_RETENTION_DAYS} "
+        f"(the longest billing period plus the usage grace window), got {_meter_days}"
+    )
+
 # Idempotency keys (docs/reference/api.md, docs/decisions/0023): a key's record is kept this many hours after
 # its first request, then the key is free again and its record is pruned. At least 24, Stripe's
 # documented minimum, which clients retrying on a Stripe-like API rely on. The

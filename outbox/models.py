@@ -67,7 +67,9 @@ class Delivery(models.Model):
     STATUS_CHOICES = [(s, s) for s in (PENDING, RETRYING, SUCCEEDED, FAILED)]
 
     id = id_field("delivery")
-    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries")
+    # No foreign keys between the partitioned history tables (docs/decisions/0177): each keeps its own
+    # retention, and a partition is detached without a scan of the tables that would point into it.
+    event = models.ForeignKey(Event, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False)
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
     status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
@@ -78,7 +80,9 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     # Set on a delivery created by an operator's replay: the delivery it repeats.
-    replay_of = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replays")
+    replay_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="replays", db_constraint=False
+    )
 
     class Meta:
         verbose_name_plural = "deliveries"
@@ -112,7 +116,7 @@ class DeliveryAttempt(models.Model):
     OUTCOME_CHOICES = [(o, o) for o in (SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED)]
 
     id = id_field("delivery_attempt")
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows")
+    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_rows", db_constraint=False)
     number = models.PositiveSmallIntegerField()
     outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES, default=RETRYABLE)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
