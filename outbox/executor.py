@@ -70,6 +70,8 @@ EXCERPT_BYTES = 1024
 LOCAL_LEASE_SHARE = 0.75
 
 SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
+# Most outcomes one statement of the writer records; more wait for the next.
+WRITE_BATCH = 500
 
 
 def classify(status_code: int | None) -> str:
@@ -223,6 +225,71 @@ class _Result:
     retry_after_s: float | None = None
 
 
+# The columns of one row of ``queries.RECORD_OUTCOMES``, in :meth:`_Outcome.row`'s order.
+_OUTCOME_COLUMNS = (
+    "ids",
+    "claims",
+    "statuses",
+    "attempts",
+    "errors",
+    "delays_s",
+    "attempt_ids",
+    "numbers",
+    "outcomes",
+    "status_codes",
+    "latencies_ms",
+    "attempt_errors",
+    "excerpts",
+    "endpoint_ids",
+    "effects",
+)
+
+
+_EVIDENCE_KEYS = ("attempt_id", "number", "outcome", "status_code", "latency_ms", "error", "response_excerpt")
+
+
+@dataclass
+class _Outcome:
+    """One claim's finishing write, waiting for the writer's next batch.
+
+    ``sql``/``params`` are the one-by-one statement (``RECORD_SUCCEEDED``, ``RECORD_FAILED`` or
+    ``RECORD_RETRY``) the batch row stands for, kept for the writer's fallback; ``done``
+    resolves to True when a probe's success closed the endpoint's circuit.
+    """
+
+    claim: _Claim
+    sql: str
+    params: dict[str, Any]
+    attempt: dict[str, Any] | None
+    result: _Result | None
+    probe: bool
+    done: asyncio.Future
+
+    def row(self) -> tuple:
+        c, a, r = self.claim, self.attempt, self.result
+        if self.sql is queries.RECORD_SUCCEEDED:
+            status, attempts, error, delay_s = "succeeded", None, "", 0.0
+        elif self.sql is queries.RECORD_FAILED:
+            status, attempts, error, delay_s = "failed", self.params["attempts"], self.params["error"], 0.0
+        else:
+            status, attempts, error, delay_s = "retrying", None, self.params["error"], self.params["delay_s"]
+        if r is None:
+            effect = None
+        elif r.status_code == 410:
+            effect = "gone"
+        elif r.outcome in (SUCCEEDED, FAILED):
+            effect = "reset"
+        elif r.outcome == RETRYABLE:
+            effect = "fail"
+        else:
+            effect = None  # canceled at shutdown: says nothing about the endpoint
+        if a is None:
+            evidence = (None,) * 7
+        else:
+            evidence = tuple(a[k] for k in _EVIDENCE_KEYS)
+        return (c.id, c.claim, status, attempts, error, delay_s, *evidence, c.endpoint_id, effect)
+
+
 class _ClaimLost(Exception):
     """The write matched no row: the claim is no longer ours, so its result is discarded."""
 
@@ -256,6 +323,7 @@ class Executor:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._inflight: dict[str, _Claim] = {}
+        self._outcomes: list[_Outcome] = []
         self._rng = random.Random()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -306,6 +374,7 @@ class Executor:
         self._stopping = asyncio.Event()
         self._worker_done = asyncio.Event()
         self._work_available = asyncio.Event()
+        self._outcomes_ready = asyncio.Event()
         pool = AsyncConnectionPool(
             self._conninfo,
             min_size=1,
@@ -328,7 +397,11 @@ class Executor:
         # The outbound policy's client: targets are checked at connect time, redirects never followed.
         async with outbound.async_client(timeout=timeout, limits=limits) as client:
             self._client = client
-            helpers = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._reap_loop())]
+            helpers = [
+                asyncio.create_task(self._renew_loop()),
+                asyncio.create_task(self._reap_loop()),
+                asyncio.create_task(self._write_loop()),
+            ]
             if cfg.listen:
                 self._listening = asyncio.Event()
                 helpers.append(asyncio.create_task(self._listen_loop()))
@@ -440,11 +513,11 @@ class Executor:
         if c.prev_attempts >= MAX_ATTEMPTS:
             # The 8th attempt's executor vanished: nothing is left to spend.
             error = f"gave up: all {MAX_ATTEMPTS} attempts spent (the last one's executor stopped reporting)"
-            await self._finish(c, queries.RECORD_FAILED, {"attempts": MAX_ATTEMPTS, "error": error}, None)
+            await self._submit(c, queries.RECORD_FAILED, {"attempts": MAX_ATTEMPTS, "error": error}, None)
             return
         if not c.endpoint_active:
             error = "webhook endpoint disabled or deleted before delivery"
-            await self._finish(c, queries.RECORD_FAILED, {"attempts": c.prev_attempts, "error": error}, None)
+            await self._submit(c, queries.RECORD_FAILED, {"attempts": c.prev_attempts, "error": error}, None)
             return
         probe = False
         if c.circuit == "open":
@@ -545,9 +618,88 @@ class Executor:
             "response_excerpt": r.excerpt,
             "executor": self.executor_id,
         }
-        pulled_in = await self._finish(c, sql, params, attempt, result=r, probe=probe)
-        if pulled_in:
+        await self._submit(c, sql, params, attempt, result=r, probe=probe)
+
+    async def _submit(
+        self,
+        c: _Claim,
+        sql: str,
+        params: dict[str, Any],
+        attempt: dict[str, Any] | None,
+        *,
+        result: _Result | None = None,
+        probe: bool = False,
+    ) -> None:
+        """Hand the claim's finishing write to the writer; returns once its batch is written (or discarded)."""
+        outcome = _Outcome(c, sql, params, attempt, result, probe, asyncio.get_running_loop().create_future())
+        self._outcomes.append(outcome)
+        self._outcomes_ready.set()
+        if await outcome.done:
             await self._pull_in_deferred(c)
+
+    async def _write_loop(self) -> None:
+        """The writer: whatever finished while the last batch was being written goes out as the next batch."""
+        try:
+            while True:
+                await self._outcomes_ready.wait()
+                self._outcomes_ready.clear()
+                while self._outcomes:
+                    batch, self._outcomes = self._outcomes[:WRITE_BATCH], self._outcomes[WRITE_BATCH:]
+                    await self._write_batch(batch)
+        finally:
+            for outcome in self._outcomes:
+                outcome.done.cancel()
+
+    async def _write_batch(self, batch: list[_Outcome]) -> None:
+        """Write ``batch`` with ``queries.RECORD_OUTCOMES``; resolve each outcome's future with "pull in deferred".
+
+        The statement writes only the claims still ours; the others were lost and are discarded.
+        If the statement fails, each outcome is written on its own (``_finish``), so one
+        delivery's bad write drives that delivery alone to ``failed``.
+        """
+        cfg = self.config
+        columns: dict[str, list[Any]] = {name: [] for name in _OUTCOME_COLUMNS}
+        for outcome in batch:
+            for name, value in zip(_OUTCOME_COLUMNS, outcome.row(), strict=True):
+                columns[name].append(value)
+        params = {
+            **columns,
+            "executor": self.executor_id,
+            "threshold": cfg.breaker_threshold,
+            "base_s": float(cfg.breaker_cooldown_s),
+            "max_s": float(cfg.breaker_max_cooldown_s),
+        }
+        try:
+            async with self._pool.connection() as conn:
+                written = await (await conn.execute(queries.RECORD_OUTCOMES, params)).fetchone()
+        except Exception:
+            log.warning("outbox batch write failed; writing its %d outcomes one by one", len(batch), exc_info=True)
+            for outcome in batch:
+                o = outcome
+                closed = await self._finish(o.claim, o.sql, o.params, o.attempt, result=o.result, probe=o.probe)
+                if not outcome.done.done():
+                    outcome.done.set_result(closed)
+            return
+        recorded, closed = set(written["recorded"]), set(written["closed"])
+        self.stats.counts["batches"] += 1
+        for outcome in batch:
+            c = outcome.claim
+            if c.id in recorded:
+                self._count(outcome.sql, outcome.attempt)
+                pull_in = outcome.probe and c.endpoint_id in closed
+            else:
+                self.stats.counts["lease_lost"] += 1
+                log.warning("outbox claim lost before the outcome was written: discarded delivery=%s", c.id)
+                pull_in = False
+            if not outcome.done.done():
+                outcome.done.set_result(pull_in)
+
+    def _count(self, sql: str, attempt: dict[str, Any] | None) -> None:
+        if attempt is not None:
+            DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
+            self.stats.counts[attempt["outcome"]] += 1
+        elif sql is queries.RECORD_FAILED:
+            self.stats.counts["failed_without_attempt"] += 1
 
     async def _finish(
         self,
@@ -559,7 +711,7 @@ class Executor:
         result: _Result | None = None,
         probe: bool = False,
     ) -> bool:
-        """The terminal/retry transaction. Returns True when a probe closed the endpoint's circuit.
+        """One claim's terminal/retry transaction (the writer's fallback); True when a probe closed the circuit.
 
         A write that matches no row (the claim was lost) rolls back and is discarded. Any
         other failure of the transaction drives the delivery to ``failed`` with the minimal
@@ -604,11 +756,7 @@ class Executor:
                 c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000], sent=attempt is not None
             )
             return False
-        if attempt is not None:
-            DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
-            self.stats.counts[attempt["outcome"]] += 1
-        elif sql is queries.RECORD_FAILED:
-            self.stats.counts["failed_without_attempt"] += 1
+        self._count(sql, attempt)
         return closed_circuit
 
     async def _force_failed(self, c: _Claim, error: str, *, sent: bool) -> None:
