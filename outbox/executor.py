@@ -392,10 +392,8 @@ class Executor:
             await pool.close()
             return
         self._pool = pool
-        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
-        limits = httpx.Limits(max_connections=cfg.workers, max_keepalive_connections=cfg.workers)
         # The outbound policy's client: targets are checked at connect time, redirects never followed.
-        async with outbound.async_client(timeout=timeout, limits=limits) as client:
+        async with outbound.Poster(connect_timeout_s=cfg.connect_timeout_s, max_idle=cfg.workers) as client:
             self._client = client
             helpers = [
                 asyncio.create_task(self._renew_loop()),
@@ -569,19 +567,14 @@ class Executor:
         timeout_s = self.config.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._client.stream("POST", c.url, content=body, headers=headers) as response:
-                    excerpt = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        excerpt += chunk
-                        if len(excerpt) >= EXCERPT_BYTES:
-                            break
-                    status_code = response.status_code
-                    retry_after = _parse_retry_after(response.headers.get("retry-after"))
+                answer = await self._client.post(c.url, body, headers, excerpt_bytes=EXCERPT_BYTES)
         except TimeoutError:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=_transport_error(exc, self.config))
-        text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        status_code = answer.status_code
+        retry_after = _parse_retry_after(answer.headers.get("retry-after"))
+        text = answer.excerpt.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         outcome = classify(status_code)
         return _Result(
             outcome,
