@@ -538,10 +538,6 @@ class Poster:
         answered is not repeated: the error is the answer, as a receiver may have acted on it.
         """
         target = _target(url)
-        key = (target.scheme, target.host, target.port)
-        connection = self._take(key)
-        if connection is None:
-            connection = await self._connect(target)
         lines = [target.head]
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
@@ -549,6 +545,10 @@ class Poster:
             lines.append(f"{name}: {value}\r\n".encode())
         lines.append(f"Content-Length: {len(body)}\r\n\r\n".encode("ascii"))
         lines.append(body)
+        key = (target.scheme, target.host, target.port)
+        connection = self._take(key)
+        if connection is None:
+            connection = await self._connect(target)
         reusable = False
         try:
             connection.transport.write(b"".join(lines))
