@@ -452,24 +452,18 @@ class Executor:
     async def _claim(self, limit: int) -> list[_Claim]:
         cfg = self.config
         local_deadline = time.monotonic() + cfg.lease_s * LOCAL_LEASE_SHARE
-        params = {"limit": limit, "executor": self.executor_id, "lease_s": float(cfg.lease_s)}
-        async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(queries.CLAIM_DUE, params)).fetchall()
-            lost = [
-                lost_attempt_params(
-                    delivery_id=r["id"],
-                    lost_claim=r["lost_claim"],
-                    number=r["prev_attempts"],
-                    recorded_by=self.executor_id,
-                )
-                for r in rows
-                if r["lost_claim"] and r["prev_attempts"] >= 1
-            ]
-            if lost:
-                async with conn.cursor() as cur:
-                    await cur.executemany(queries.INSERT_ATTEMPT, lost)
+        params = {
+            "limit": limit,
+            "executor": self.executor_id,
+            "lease_s": float(cfg.lease_s),
+            "attempt_ids": [new_id("wha") for _ in range(limit)],
+        }
+        # One statement: the claim and the evidence of any attempt lost with an expired lease.
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(queries.CLAIM_DUE_RECORDING_LOST, params)).fetchall()
+        lost = sum(1 for r in rows if r["lost_claim"] and r["prev_attempts"] >= 1)
         if lost:
-            DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(len(lost))
+            DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(lost)
         self.stats.counts["claimed"] += len(rows)
         return [
             _Claim(

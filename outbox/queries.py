@@ -26,7 +26,7 @@ MAX_ATTEMPTS = 8
 # replica included. The row's previous claim and attempt count come back so the caller
 # records evidence for an attempt whose executor vanished. Everything the send needs
 # (event, endpoint, circuit state) comes back in the same round trip.
-CLAIM_DUE = f"""
+_CLAIM_CTES = f"""
 WITH due AS (
     SELECT d.id, d.claimed_by AS lost_claim, d.attempts AS prev_attempts
     FROM outbox_delivery d
@@ -44,7 +44,8 @@ WITH due AS (
     FROM due
     WHERE d.id = due.id
     RETURNING d.id, d.claimed_by, d.attempts, due.prev_attempts, due.lost_claim, d.event_id, d.endpoint_id
-)
+)"""
+_CLAIM_SELECT = """
 SELECT c.id, c.claimed_by, c.attempts, c.prev_attempts, c.lost_claim,
        e.id AS event_id, e.type AS event_type, e.data AS event_data, e.created_at AS event_created_at,
        e.livemode, e.sequence,
@@ -57,6 +58,27 @@ FROM claimed c
 JOIN outbox_event e ON e.id = c.event_id
 JOIN outbox_webhookendpoint w ON w.id = c.endpoint_id
 """
+CLAIM_DUE = _CLAIM_CTES + _CLAIM_SELECT
+
+# CLAIM_DUE_RECORDING_LOST: CLAIM_DUE that also inserts, in the same statement, the evidence row
+# of every attempt whose executor vanished with its lease (what lost_attempt_params in
+# outbox.executor writes; the reaper does the same for the rows it re-queues). The caller passes
+# %(attempt_ids)s, %(limit)s fresh attempt ids, one for each row it may claim.
+CLAIM_DUE_RECORDING_LOST = (
+    _CLAIM_CTES
+    + f""", lost AS (
+    INSERT INTO outbox_deliveryattempt
+        (id, delivery_id, number, outcome, status_code, latency_ms, error, response_excerpt, executor, created_at)
+    SELECT (%(attempt_ids)s::text[])[n], id, LEAST(prev_attempts, {MAX_ATTEMPTS}), 'lease_lost', NULL, NULL,
+           'lease expired: executor ' || lost_claim
+               || ' stopped reporting; the request may or may not have been sent',
+           '', %(executor)s, now()
+    FROM (SELECT c.*, row_number() OVER (ORDER BY c.id) AS n FROM claimed c
+          WHERE c.lost_claim IS NOT NULL AND c.prev_attempts >= 1) expired
+    ON CONFLICT (delivery_id, number) DO NOTHING
+)"""
+    + _CLAIM_SELECT
+)
 
 # RENEW_CLAIMS: extend the leases of requests still in flight. Only an unexpired claim
 # that is still ours is extended: an expired lease is never resurrected, because another
