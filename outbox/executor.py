@@ -2,17 +2,23 @@
 
 Shape: one thread runs an asyncio loop with
 
-- a **dispatcher** that claims due deliveries (``queries.CLAIM_DUE``, ``FOR UPDATE SKIP
-  LOCKED``), never more than the pool's idle workers, and starts one worker task per claim;
-  it sleeps until a worker frees up, an ``outbox_delivery`` notification arrives (inserts
-  notify at commit) or the poll interval passes;
+- a **dispatcher** that claims due deliveries in one statement (``queries.CLAIM_DUE_RECORDING_LOST``,
+  ``FOR UPDATE SKIP LOCKED``, which also records any attempt lost with an expired lease), never
+  more than the pool's idle workers, and starts one worker task per claim; it sleeps until a
+  worker frees up, an ``outbox_delivery`` notification arrives (inserts notify at commit) or
+  the poll interval passes;
 - **workers** (at most ``workers`` at a time), each sending one signed request with the
-  outbound policy's httpx client (:func:`hardcount.outbound.async_client`: public targets
-  only, checked at connect time) under a total timeout, then writing the outcome in one
-  transaction predicated on the claim still being ours;
-- a **renewer** that extends the leases of requests in flight every ``timeout_s / 2`` and
-  cancels the request of any claim it could not renew (expired, reclaimed, or not renewed
-  in time on the executor's own monotonic clock): the result of a lost claim is discarded;
+  outbound policy's lean client (:class:`hardcount.outbound.Poster`: public targets only,
+  checked at connect time, connections kept alive per endpoint) under a total timeout, then
+  handing the outcome to the writer; a worker is busy until its outcome is written;
+- a **writer** that records the outcomes that finished while its previous write ran, all in
+  one statement (``queries.RECORD_OUTCOMES``: the rows, their attempt rows and the endpoints'
+  circuit counts), each row predicated on its claim still being ours; if the statement fails,
+  each outcome is written on its own, then with the minimal failed write;
+- a **renewer** that extends the leases of all claims in flight, in one statement, every
+  ``timeout_s / 2`` and cancels the request of any claim it could not renew (expired,
+  reclaimed, or not renewed in time on the executor's own monotonic clock): the result of a
+  lost claim is discarded;
 - a **reaper** that re-queues deliveries whose lease expired (``queries.REAP_EXPIRED_CLAIMS``),
   its own replica's included, recording the lost attempt.
 
@@ -20,7 +26,8 @@ The lease is ``claimed_by`` + ``claim_expires_at = now() + 2 × timeout_s``. Att
 spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
 the per-endpoint circuit breaker is in the SQL of :mod:`outbox.queries` and in
-:meth:`Executor._handle`. Design record: ``docs/decisions/0030-webhook-delivery-executor.md``.
+:meth:`Executor._handle`. Design records: ``docs/decisions/0030-webhook-delivery-executor.md``,
+``docs/decisions/0190-executor-batches-and-a-lean-client.md`` (the batches and the client).
 """
 
 from __future__ import annotations
