@@ -1,8 +1,7 @@
-"""The outbound clients against the tests' own servers: refused at connect time, or reached as the policy says.
+"""The outbound client against the tests' own servers: refused at connect time, or reached as the policy says.
 
-Each request is one ``asyncio.run`` of :func:`hardcount.outbound.async_client` or of
-:class:`hardcount.outbound.Poster` (the lean client the webhook executor uses): every policy
-test runs with both. Names are answered by the stub resolver; nothing leaves the machine.
+Each request is one ``asyncio.run`` of :func:`hardcount.outbound.async_client`, the client the
+webhook executor uses. Names are answered by the stub resolver; nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -18,27 +17,12 @@ from hardcount import outbound
 from .conftest import PUBLIC_LOOKING
 
 TIMEOUT = httpx.Timeout(3.0, connect=2.0)
-_client = {"kind": "httpx"}
 
 
-@pytest.fixture(autouse=True, params=["httpx", "poster"])
-def client_kind(request):
-    """Every test here runs with httpx's policy client and with the Poster."""
-    _client["kind"] = request.param
-    return request.param
-
-
-def post(url: str, **client_kwargs) -> httpx.Response | outbound.Answer | BaseException:
-    """POST ``url`` once with the test's client; returns the answer, or the exception the client raised."""
+def post(url: str, **client_kwargs) -> httpx.Response | BaseException:
+    """POST ``url`` once; returns the response, or the exception the client raised."""
 
     async def run():
-        if _client["kind"] == "poster":
-            async with outbound.Poster(connect_timeout_s=TIMEOUT.connect, **client_kwargs) as poster:
-                try:
-                    async with asyncio.timeout(TIMEOUT.read):
-                        return await poster.post(url, b"{}", {"Content-Type": "application/json"})
-                except httpx.HTTPError as exc:
-                    return exc
         async with outbound.async_client(timeout=TIMEOUT, **client_kwargs) as client:
             try:
                 return await client.post(url, content=b"{}")
@@ -46,10 +30,6 @@ def post(url: str, **client_kwargs) -> httpx.Response | outbound.Answer | BaseEx
                 return exc
 
     return asyncio.run(run())
-
-
-def answered(result) -> bool:
-    return isinstance(result, httpx.Response | outbound.Answer)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "0.0.0.0", "[::ffff:127.0.0.1]", "127.1.2.3"])
@@ -82,7 +62,7 @@ def test_an_allowlisted_address_is_reached_once_resolved_with_the_original_host_
     allow(f"127.0.0.1:{internal_service.port}")
     dns = stub_dns({PUBLIC_LOOKING: ["127.0.0.1"]})
     response = post(internal_service.url("/hook", host=PUBLIC_LOOKING))
-    assert answered(response) and response.status_code == 200
+    assert isinstance(response, httpx.Response) and response.status_code == 200
     assert internal_service.requests == [
         {"path": "/hook", "host": f"{PUBLIC_LOOKING}:{internal_service.port}", "method": "POST"}
     ]
@@ -93,7 +73,7 @@ def test_https_keeps_sni_certificate_check_and_host_on_the_name(tls_target, cert
     allow(f"127.0.0.1:{tls_target.port}")
     dns = stub_dns({PUBLIC_LOOKING: ["127.0.0.1"]})
     response = post(tls_target.url("/hook", host=PUBLIC_LOOKING, scheme="https"), verify=certificate.client_context())
-    assert answered(response) and response.status_code == 200, response
+    assert isinstance(response, httpx.Response) and response.status_code == 200, response
     assert tls_target.sni == [PUBLIC_LOOKING]
     assert tls_target.requests[0]["host"] == f"{PUBLIC_LOOKING}:{tls_target.port}"
     assert dns.asked == [(PUBLIC_LOOKING, tls_target.port)]
@@ -107,7 +87,7 @@ def test_redirects_are_not_followed(internal_service, http_target_factory, allow
     allow(f"127.0.0.1:{redirector.port}")
     allow(f"127.0.0.1:{internal_service.port}")  # even to a target the policy would let through
     response = post(redirector.url())
-    assert answered(response) and response.status_code == 302
+    assert isinstance(response, httpx.Response) and response.status_code == 302
     assert internal_service.connections == []
 
 
@@ -117,7 +97,7 @@ def test_proxy_variables_are_ignored(internal_service, http_target_factory, allo
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.setenv(name, internal_service.url())
     response = post(target.url("/direct"))
-    assert answered(response) and response.status_code == 200
+    assert isinstance(response, httpx.Response) and response.status_code == 200
     assert [r["path"] for r in target.requests] == ["/direct"]
     assert internal_service.connections == []
 
@@ -138,12 +118,6 @@ def test_the_connect_timeout_covers_a_hanging_lookup(internal_service, stub_dns,
     started = time.monotonic()
 
     async def run():
-        if _client["kind"] == "poster":
-            async with outbound.Poster(connect_timeout_s=0.3) as poster:
-                try:
-                    await poster.post(internal_service.url(host=PUBLIC_LOOKING), b"{}", {})
-                except httpx.HTTPError as exc:
-                    return exc
         async with outbound.async_client(timeout=httpx.Timeout(5.0, connect=0.3)) as client:
             try:
                 await client.post(internal_service.url(host=PUBLIC_LOOKING), content=b"{}")
