@@ -8,9 +8,10 @@ Shape: one thread runs an asyncio loop with
   worker frees up, an ``outbox_delivery`` notification arrives (inserts notify at commit) or
   the poll interval passes;
 - **workers** (at most ``workers`` at a time), each sending one signed request with the
-  outbound policy's lean client (:class:`hardcount.outbound.Poster`: public targets only,
-  checked at connect time, connections kept alive per endpoint) under a total timeout, then
-  handing the outcome to the writer; a worker is busy until its outcome is written;
+  outbound policy's httpx client (:func:`hardcount.outbound.async_client`: public targets
+  only, checked at connect time; one client per executor, its connections kept alive and
+  pooled) under a total timeout, then handing the outcome to the writer; a worker is busy
+  until its outcome is written;
 - a **writer** that records the outcomes that finished while its previous write ran, all in
   one statement (``queries.RECORD_OUTCOMES``: the rows, their attempt rows and the endpoints'
   circuit counts), each row predicated on its claim still being ours; if the statement fails,
@@ -27,13 +28,14 @@ spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
 the per-endpoint circuit breaker is in the SQL of :mod:`outbox.queries` and in
 :meth:`Executor._handle`. Design records: ``docs/decisions/0030-webhook-delivery-executor.md``,
-``docs/decisions/0190-executor-batches-and-a-lean-client.md`` (the batches and the client).
+``docs/decisions/0190-executor-batches-and-httpx-kept.md`` (the batches and the client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import os
@@ -79,6 +81,8 @@ LOCAL_LEASE_SHARE = 0.75
 SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
 # Most outcomes one statement of the writer records; more wait for the next.
 WRITE_BATCH = 500
+# An idle kept-alive connection to a receiver is closed after this long, s (httpx's keepalive_expiry).
+KEEPALIVE_EXPIRY_S = 5.0
 
 
 def classify(status_code: int | None) -> str:
@@ -400,7 +404,15 @@ class Executor:
             return
         self._pool = pool
         # The outbound policy's client: targets are checked at connect time, redirects never followed.
-        async with outbound.Poster(connect_timeout_s=cfg.connect_timeout_s, max_idle=cfg.workers) as client:
+        # One for the loop, so connections stay alive between deliveries; at most one per worker.
+        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=cfg.workers, max_keepalive_connections=cfg.workers, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
+        # Requests are built here, not by the client's build_request: the client adds nothing we
+        # need (no cookies, auth or default headers), so each request carries these extensions itself.
+        self._request_extensions = {"timeout": timeout.as_dict()}
+        async with outbound.async_client(timeout=timeout, limits=limits) as client:
             self._client = client
             helpers = [
                 asyncio.create_task(self._renew_loop()),
@@ -568,14 +580,25 @@ class Executor:
         timeout_s = self.config.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                answer = await self._client.post(c.url, body, headers, excerpt_bytes=EXCERPT_BYTES)
+                request = httpx.Request(
+                    "POST", _url(c.url), content=body, headers=headers, extensions=self._request_extensions
+                )
+                response = await self._client.send(request, stream=True)
+                try:
+                    excerpt = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        excerpt += chunk
+                        if len(excerpt) >= EXCERPT_BYTES:
+                            break
+                finally:
+                    await response.aclose()
         except TimeoutError:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=_transport_error(exc, self.config))
-        status_code = answer.status_code
-        retry_after = _parse_retry_after(answer.headers.get("retry-after"))
-        text = answer.excerpt.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        status_code = response.status_code
+        retry_after = _parse_retry_after(response.headers.get("retry-after"))
+        text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         outcome = classify(status_code)
         return _Result(
             outcome,
@@ -928,6 +951,12 @@ def _transport_error(exc: Exception, cfg: ExecutorConfig) -> str:
         bound_s = cfg.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else cfg.timeout_s
         return f"timed out after {bound_s:g} s"
     return kind
+
+
+@functools.lru_cache(maxsize=4096)
+def _url(url: str) -> httpx.URL:
+    """``url`` parsed once per endpoint URL (httpx's URL is immutable); raises ``httpx.InvalidURL``."""
+    return httpx.URL(url)
 
 
 def _ms_since(started: float) -> int:
