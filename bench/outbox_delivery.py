@@ -1,18 +1,22 @@
-"""Deliveries per second through the outbox executor, beside Procrastinate on the same database.
+"""Sustained deliveries per second through the outbox executor, beside Procrastinate on the same database.
 
-    .venv/bin/python bench/outbox_delivery.py [--deliveries 2000] [--workers 8] [--rounds 2]
+    .venv/bin/python bench/outbox_delivery.py [--processes 1,2,3] [--workers 8] [--seconds 60] [--backlog 130000]
 
 Both sides do the same work per job: claim a row from PostgreSQL, POST the same signed
 JSON body to a local receiver that answers 200 at once, and record completion in the
 database. Hardcount's executor also writes an attempt row per delivery and checks its
 lease on every write; Procrastinate (the Python PostgreSQL job queue, ``procrastinate``
-3.x) runs an async task with the same httpx client settings and ``concurrency`` equal to the
-executor's workers. The receiver is an asyncio HTTP/1.1 server in its own process, so it
-does not share the benchmark's GIL.
+3.x) runs an async task posting with httpx's client. For each number of processes, each
+side gets a backlog of ``--backlog`` jobs and that many processes, each with ``--workers``
+concurrent jobs (Procrastinate's ``concurrency``), and runs for ``--seconds``; completions
+are counted every ``--every`` seconds (the rate per window is printed as it goes). The
+receiver is an asyncio HTTP/1.1 server in its own process; the executors and the
+Procrastinate workers are processes of their own too.
 
 Runs in a throw-away database (``bench_outbox``, created and migrated, dropped at the end)
-on the embedded PostgreSQL or ``DATABASE_URL``. Prints each side's deliveries per second
-and the ratio Hardcount / Procrastinate.
+on the embedded PostgreSQL or ``DATABASE_URL``. Prints a table: each side's mean rate over
+the run and its slowest window, per number of processes, and the ratio Hardcount / Procrastinate.
+A run whose backlog ran out before the end says so (raise ``--backlog``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -74,47 +79,70 @@ def _serve(port_queue) -> None:
 # --- Hardcount ----------------------------------------------------------------------------
 
 
-def bench_hardcount(url: str, deliveries: int, workers: int) -> float:
+def _executor_process(conninfo: str, workers: int, index: int, ready, stop) -> None:
+    """One executor process (the bench's DATABASE_URL and allowlist come from the environment)."""
+    import django
+
+    django.setup()
+    from outbox.executor import Executor, ExecutorConfig
+
+    config = ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=0.05)
+    executor = Executor(config, executor_id=f"bench-{index}", conninfo=conninfo).start()
+    ready.set()
+    stop.wait()
+    executor.stop()
+
+
+def load_hardcount(url: str, backlog: int) -> None:
+    """Empty the outbox and queue ``backlog`` deliveries of ``invoice.paid`` to one endpoint at ``url``."""
     from django.db import connection, transaction
 
     from hardcount.models import Tenant
-    from outbox.executor import Executor, ExecutorConfig
-    from outbox.models import Delivery, DeliveryAttempt, WebhookEndpoint
-    from outbox.services import emit_event
+    from outbox.models import WebhookEndpoint
+    from outbox.services import emit_events
     from outbox.signing import generate_secret
 
-    DeliveryAttempt.objects.all().delete()
-    Delivery.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery, outbox_event, outbox_webhookendpoint CASCADE")
     tenant = Tenant.objects.create(name="bench")
-    WebhookEndpoint.objects.create(
-        tenant=tenant, livemode=False, url=url, enabled_events=["*"], secret=generate_secret()
-    )
-    with transaction.atomic():
-        for i in range(deliveries):
-            emit_event(tenant_id=tenant.id, livemode=False, type="invoice.paid", data={"id": f"in_{i}", "n": i})
+    secret = generate_secret()
+    WebhookEndpoint.objects.create(tenant=tenant, livemode=False, url=url, enabled_events=["*"], secret=secret)
+    for start in range(0, backlog, 20000):
+        with transaction.atomic():
+            numbers = range(start, min(backlog, start + 20000))
+            events = [("invoice.paid", {"id": f"in_{i}", "n": i}, None) for i in numbers]
+            emit_events(events, tenant_id=tenant.id, livemode=False)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE outbox_delivery")
+        cursor.execute("VACUUM ANALYZE outbox_event")
 
-    executor = Executor(ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=0.05), executor_id="bench")
-    started = time.perf_counter()
-    executor.start()
-    try:
-        while True:
-            done = Delivery.objects.filter(status="succeeded").count()
-            if done >= deliveries:
-                break
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-    finally:
-        executor.stop()
-    assert DeliveryAttempt.objects.filter(outcome="succeeded").count() == deliveries
-    return deliveries / elapsed
+
+def hardcount_done() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM outbox_delivery WHERE status = 'succeeded'")
+        return cursor.fetchone()[0]
+
+
+def check_hardcount() -> None:
+    """Every delivered row has exactly one succeeded attempt row; nothing failed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (SELECT count(*) FROM outbox_delivery WHERE status = 'succeeded'),"
+            " (SELECT count(*) FROM outbox_deliveryattempt WHERE outcome = 'succeeded'),"
+            " (SELECT count(*) FROM outbox_delivery WHERE status = 'failed')"
+        )
+        delivered, attempts, failed = cursor.fetchone()
+    assert delivered == attempts and failed == 0, (delivered, attempts, failed)
 
 
 # --- Procrastinate ------------------------------------------------------------------------
 
 
-def bench_procrastinate(url: str, deliveries: int, workers: int, conninfo: str) -> float:
+def _procrastinate_app(conninfo: str, url: str, workers: int):
     import httpx
     import procrastinate
 
@@ -138,26 +166,90 @@ def bench_procrastinate(url: str, deliveries: int, workers: int, conninfo: str) 
             response = await client["c"].post(url, content=body, headers=headers)
         response.raise_for_status()
 
-    async def run() -> float:
+    return app, deliver
+
+
+def _procrastinate_process(conninfo: str, url: str, workers: int, index: int, ready, stop) -> None:
+    import django
+
+    django.setup()
+    app, _ = _procrastinate_app(conninfo, url, workers)
+
+    async def run() -> None:
+        async with app.open_async():
+            options = {"concurrency": workers, "wait": True, "install_signal_handlers": False}
+            worker = asyncio.create_task(app.run_worker_async(name=f"bench-{index}", **options))
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+def load_procrastinate(conninfo: str, url: str, workers: int, backlog: int) -> None:
+    app, deliver = _procrastinate_app(conninfo, url, workers)
+
+    async def run() -> None:
         async with app.open_async():
             exists = await app.connector.execute_query_one_async("SELECT to_regclass('procrastinate_jobs') AS t")
             if exists["t"] is None:
                 await app.schema_manager.apply_schema_async()
             await app.connector.execute_query_async("TRUNCATE procrastinate_jobs CASCADE")
-            await deliver.batch_defer_async(*({"n": i} for i in range(deliveries)))
+            for start in range(0, backlog, 20000):
+                await deliver.batch_defer_async(*({"n": i} for i in range(start, min(backlog, start + 20000))))
             await app.connector.execute_query_async("ANALYZE procrastinate_jobs")
-            started = time.perf_counter()
-            await app.run_worker_async(concurrency=workers, wait=False, install_signal_handlers=False)
-            elapsed = time.perf_counter() - started
-            rows = await app.connector.execute_query_all_async(
-                "SELECT count(*) AS n FROM procrastinate_jobs WHERE status = 'succeeded'"
-            )
-            assert rows[0]["n"] == deliveries, rows
-            if "c" in client:
-                await client["c"].aclose()
-        return deliveries / elapsed
 
-    return asyncio.run(run())
+    asyncio.run(run())
+
+
+def procrastinate_done() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+        return cursor.fetchone()[0]
+
+
+# --- a sustained run ------------------------------------------------------------------------
+
+
+def sustained(name: str, target, args_of, done, *, processes: int, seconds: float, every: float, backlog: int) -> dict:
+    """Start ``processes`` of ``target``, count completions every ``every`` s for ``seconds``; the figures."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    started = []
+    for index in range(processes):
+        ready = ctx.Event()
+        proc = ctx.Process(target=target, args=(*args_of(index), ready, stop), daemon=True)
+        proc.start()
+        started.append((proc, ready))
+    for proc, ready in started:
+        if not ready.wait(60):
+            raise RuntimeError(f"{name} process {proc.pid} did not start")
+    windows: list[float] = []
+    last, t_last = done(), time.perf_counter()
+    first, t_first = last, t_last
+    ran_out = None
+    try:
+        while t_last - t_first < seconds - 1e-6:
+            time.sleep(max(0.0, t_first + (len(windows) + 1) * every - time.perf_counter()))
+            now_done, now = done(), time.perf_counter()
+            windows.append((now_done - last) / (now - t_last))
+            print(f"    {name:<14} {processes} process(es) {now - t_first:5.1f} s: {windows[-1]:7.0f}/s", flush=True)
+            last, t_last = now_done, now
+            if now_done >= backlog:
+                ran_out = now - t_first
+                break
+    finally:
+        stop.set()
+        for proc, _ in started:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    mean = (last - first) / (t_last - t_first)
+    return {"mean": mean, "slowest": min(windows), "windows": windows, "ran_out": ran_out}
 
 
 # --- main ---------------------------------------------------------------------------------
@@ -165,45 +257,84 @@ def bench_procrastinate(url: str, deliveries: int, workers: int, conninfo: str) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deliveries", type=int, default=2000)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--processes", default="1,2,3", help="comma-separated process counts (default 1,2,3)")
+    parser.add_argument("--workers", type=int, default=8, help="concurrent jobs per process (default 8)")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--every", type=float, default=5.0, help="window of the printed rates, s (default 5)")
+    parser.add_argument("--backlog", type=int, default=130000, help="jobs queued before each run (default 130000)")
     args = parser.parse_args()
+    counts = [int(p) for p in args.processes.split(",")]
 
     import django
 
     django.setup()
+    from django.conf import settings
     from django.db import connection
 
     from outbox.executor import conninfo_from_django
 
-    queue = multiprocessing.get_context("spawn").Queue()
-    receiver = multiprocessing.get_context("spawn").Process(target=_serve, args=(queue,), daemon=True)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    receiver = ctx.Process(target=_serve, args=(queue,), daemon=True)
     receiver.start()
     port = queue.get(timeout=10)
     url = f"http://127.0.0.1:{port}/hook"
-    # Webhook deliveries reach only public addresses unless an operator allows one (decision 0123).
-    from django.conf import settings
-
+    # Webhook deliveries reach only public addresses unless an operator allows one (decision 0123);
+    # the environment carries the allowlist to the executor processes.
     settings.HARDCOUNT_OUTBOUND_ALLOW = [*settings.HARDCOUNT_OUTBOUND_ALLOW, f"127.0.0.1:{port}"]
+    os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = ",".join(settings.HARDCOUNT_OUTBOUND_ALLOW)
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    db = connection.settings_dict
+    os.environ["DATABASE_URL"] = (
+        f"postgresql://{quote(db['USER'] or 'postgres')}@localhost:{db['PORT'] or 5432}/{db['NAME']}"
+        f"?host={quote(db['HOST'])}"
+    )
+    results: dict[int, dict[str, dict]] = {}
     try:
         conninfo = conninfo_from_django()
-        results: dict[str, list[float]] = {"hardcount": [], "procrastinate": []}
-        for _ in range(args.rounds):
-            results["procrastinate"].append(bench_procrastinate(url, args.deliveries, args.workers, conninfo))
-            results["hardcount"].append(bench_hardcount(url, args.deliveries, args.workers))
+        for processes in counts:
+            print(f"  {processes} process(es) x {args.workers} workers, {args.seconds:g} s each:", flush=True)
+            load_procrastinate(conninfo, url, args.workers, args.backlog)
+            peer = sustained(
+                "procrastinate",
+                _procrastinate_process,
+                lambda i: (conninfo, url, args.workers, i),
+                procrastinate_done,
+                processes=processes,
+                seconds=args.seconds,
+                every=args.every,
+                backlog=args.backlog,
+            )
+            load_hardcount(url, args.backlog)
+            ours = sustained(
+                "hardcount",
+                _executor_process,
+                lambda i: (conninfo, args.workers, i),
+                hardcount_done,
+                processes=processes,
+                seconds=args.seconds,
+                every=args.every,
+                backlog=args.backlog,
+            )
+            check_hardcount()
+            results[processes] = {"hardcount": ours, "procrastinate": peer}
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
         receiver.terminate()
 
-    best = {name: max(values) for name, values in results.items()}
-    print(f"outbox delivery throughput: {args.deliveries} deliveries, {args.workers} workers, {args.rounds} rounds")
-    for name, values in results.items():
-        print(f"  {name:<14} {', '.join(f'{v:7.0f}' for v in values)} deliveries/s (best {best[name]:.0f})")
-    print(f"  ratio hardcount / procrastinate (best of each): {best['hardcount'] / best['procrastinate']:.2f}")
+    print(f"outbox delivery, sustained {args.seconds:g} s, {args.workers} workers per process (deliveries/s):")
+    print("  processes | hardcount mean (slowest 5 s) | procrastinate mean (slowest 5 s) | ratio")
+    for processes, sides in results.items():
+        ours, peer = sides["hardcount"], sides["procrastinate"]
+        note = "".join(
+            f"  [{name} backlog ran out at {side['ran_out']:.0f} s]" for name, side in sides.items() if side["ran_out"]
+        )
+        print(
+            f"  {processes:9d} | {ours['mean']:7.0f} ({ours['slowest']:7.0f})          "
+            f"| {peer['mean']:7.0f} ({peer['slowest']:7.0f})              | {ours['mean'] / peer['mean']:5.2f}{note}"
+        )
 
 
 if __name__ == "__main__":

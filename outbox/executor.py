@@ -2,17 +2,24 @@
 
 Shape: one thread runs an asyncio loop with
 
-- a **dispatcher** that claims due deliveries (``queries.CLAIM_DUE``, ``FOR UPDATE SKIP
-  LOCKED``), never more than the pool's idle workers, and starts one worker task per claim;
-  it sleeps until a worker frees up, an ``outbox_delivery`` notification arrives (inserts
-  notify at commit) or the poll interval passes;
+- a **dispatcher** that claims due deliveries in one statement (``queries.CLAIM_DUE_RECORDING_LOST``,
+  ``FOR UPDATE SKIP LOCKED``, which also records any attempt lost with an expired lease), never
+  more than the pool's idle workers, and starts one worker task per claim; it sleeps until a
+  worker frees up, an ``outbox_delivery`` notification arrives (inserts notify at commit) or
+  the poll interval passes;
 - **workers** (at most ``workers`` at a time), each sending one signed request with the
   outbound policy's httpx client (:func:`hardcount.outbound.async_client`: public targets
-  only, checked at connect time) under a total timeout, then writing the outcome in one
-  transaction predicated on the claim still being ours;
-- a **renewer** that extends the leases of requests in flight every ``timeout_s / 2`` and
-  cancels the request of any claim it could not renew (expired, reclaimed, or not renewed
-  in time on the executor's own monotonic clock): the result of a lost claim is discarded;
+  only, checked at connect time; one client per executor, its connections kept alive and
+  pooled) under a total timeout, then handing the outcome to the writer; a worker is busy
+  until its outcome is written;
+- a **writer** that records the outcomes that finished while its previous write ran, all in
+  one statement (``queries.RECORD_OUTCOMES``: the rows, their attempt rows and the endpoints'
+  circuit counts), each row predicated on its claim still being ours; if the statement fails,
+  each outcome is written on its own, then with the minimal failed write;
+- a **renewer** that extends the leases of all claims in flight, in one statement, every
+  ``timeout_s / 2`` and cancels the request of any claim it could not renew (expired,
+  reclaimed, or not renewed in time on the executor's own monotonic clock): the result of a
+  lost claim is discarded;
 - a **reaper** that re-queues deliveries whose lease expired (``queries.REAP_EXPIRED_CLAIMS``),
   its own replica's included, recording the lost attempt.
 
@@ -20,13 +27,15 @@ The lease is ``claimed_by`` + ``claim_expires_at = now() + 2 × timeout_s``. Att
 spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
 the per-endpoint circuit breaker is in the SQL of :mod:`outbox.queries` and in
-:meth:`Executor._handle`. Design record: ``docs/decisions/0030-webhook-delivery-executor.md``.
+:meth:`Executor._handle`. Design records: ``docs/decisions/0030-webhook-delivery-executor.md``,
+``docs/decisions/0190-executor-batches-and-httpx-kept.md`` (the batches and the client).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import os
@@ -70,6 +79,10 @@ EXCERPT_BYTES = 1024
 LOCAL_LEASE_SHARE = 0.75
 
 SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
+# Most outcomes one statement of the writer records; more wait for the next.
+WRITE_BATCH = 500
+# An idle kept-alive connection to a receiver is closed after this long, s (httpx's keepalive_expiry).
+KEEPALIVE_EXPIRY_S = 5.0
 
 
 def classify(status_code: int | None) -> str:
@@ -228,6 +241,71 @@ class _Result:
     retry_after_s: float | None = None
 
 
+# The columns of one row of ``queries.RECORD_OUTCOMES``, in :meth:`_Outcome.row`'s order.
+_OUTCOME_COLUMNS = (
+    "ids",
+    "claims",
+    "statuses",
+    "attempts",
+    "errors",
+    "delays_s",
+    "attempt_ids",
+    "numbers",
+    "outcomes",
+    "status_codes",
+    "latencies_ms",
+    "attempt_errors",
+    "excerpts",
+    "endpoint_ids",
+    "effects",
+)
+
+
+_EVIDENCE_KEYS = ("attempt_id", "number", "outcome", "status_code", "latency_ms", "error", "response_excerpt")
+
+
+@dataclass
+class _Outcome:
+    """One claim's finishing write, waiting for the writer's next batch.
+
+    ``sql``/``params`` are the one-by-one statement (``RECORD_SUCCEEDED``, ``RECORD_FAILED`` or
+    ``RECORD_RETRY``) the batch row stands for, kept for the writer's fallback; ``done``
+    resolves to True when a probe's success closed the endpoint's circuit.
+    """
+
+    claim: _Claim
+    sql: str
+    params: dict[str, Any]
+    attempt: dict[str, Any] | None
+    result: _Result | None
+    probe: bool
+    done: asyncio.Future
+
+    def row(self) -> tuple:
+        c, a, r = self.claim, self.attempt, self.result
+        if self.sql is queries.RECORD_SUCCEEDED:
+            status, attempts, error, delay_s = "succeeded", None, "", 0.0
+        elif self.sql is queries.RECORD_FAILED:
+            status, attempts, error, delay_s = "failed", self.params["attempts"], self.params["error"], 0.0
+        else:
+            status, attempts, error, delay_s = "retrying", None, self.params["error"], self.params["delay_s"]
+        if r is None:
+            effect = None
+        elif r.status_code == 410:
+            effect = "gone"
+        elif r.outcome in (SUCCEEDED, FAILED):
+            effect = "reset"
+        elif r.outcome == RETRYABLE:
+            effect = "fail"
+        else:
+            effect = None  # canceled at shutdown: says nothing about the endpoint
+        if a is None:
+            evidence = (None,) * 7
+        else:
+            evidence = tuple(a[k] for k in _EVIDENCE_KEYS)
+        return (c.id, c.claim, status, attempts, error, delay_s, *evidence, c.endpoint_id, effect)
+
+
 class _ClaimLost(Exception):
     """The write matched no row: the claim is no longer ours, so its result is discarded."""
 
@@ -261,6 +339,7 @@ class Executor:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._inflight: dict[str, _Claim] = {}
+        self._outcomes: list[_Outcome] = []
         self._rng = random.Random()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -311,6 +390,7 @@ class Executor:
         self._stopping = asyncio.Event()
         self._worker_done = asyncio.Event()
         self._work_available = asyncio.Event()
+        self._outcomes_ready = asyncio.Event()
         pool = AsyncConnectionPool(
             self._conninfo,
             min_size=1,
@@ -330,12 +410,22 @@ class Executor:
             await pool.close()
             return
         self._pool = pool
-        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
-        limits = httpx.Limits(max_connections=cfg.workers, max_keepalive_connections=cfg.workers)
         # The outbound policy's client: targets are checked at connect time, redirects never followed.
+        # One for the loop, so connections stay alive between deliveries; at most one per worker.
+        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=cfg.workers, max_keepalive_connections=cfg.workers, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
+        # Requests are built here, not by the client's build_request: the client adds nothing we
+        # need (no cookies, auth or default headers), so each request carries these extensions itself.
+        self._request_extensions = {"timeout": timeout.as_dict()}
         async with outbound.async_client(timeout=timeout, limits=limits) as client:
             self._client = client
-            helpers = [asyncio.create_task(self._renew_loop()), asyncio.create_task(self._reap_loop())]
+            helpers = [
+                asyncio.create_task(self._renew_loop()),
+                asyncio.create_task(self._reap_loop()),
+                asyncio.create_task(self._write_loop()),
+            ]
             if cfg.listen:
                 self._listening = asyncio.Event()
                 helpers.append(asyncio.create_task(self._listen_loop()))
@@ -388,24 +478,18 @@ class Executor:
     async def _claim(self, limit: int) -> list[_Claim]:
         cfg = self.config
         local_deadline = time.monotonic() + cfg.lease_s * LOCAL_LEASE_SHARE
-        params = {"limit": limit, "executor": self.executor_id, "lease_s": float(cfg.lease_s)}
-        async with self._pool.connection() as conn, conn.transaction():
-            rows = await (await conn.execute(queries.CLAIM_DUE, params)).fetchall()
-            lost = [
-                lost_attempt_params(
-                    delivery_id=r["id"],
-                    lost_claim=r["lost_claim"],
-                    number=r["prev_attempts"],
-                    recorded_by=self.executor_id,
-                )
-                for r in rows
-                if r["lost_claim"] and r["prev_attempts"] >= 1
-            ]
-            if lost:
-                async with conn.cursor() as cur:
-                    await cur.executemany(queries.INSERT_ATTEMPT, lost)
+        params = {
+            "limit": limit,
+            "executor": self.executor_id,
+            "lease_s": float(cfg.lease_s),
+            "attempt_ids": [new_id("wha") for _ in range(limit)],
+        }
+        # One statement: the claim and the evidence of any attempt lost with an expired lease.
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(queries.CLAIM_DUE_RECORDING_LOST, params)).fetchall()
+        lost = sum(1 for r in rows if r["lost_claim"] and r["prev_attempts"] >= 1)
         if lost:
-            DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(len(lost))
+            DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(lost)
         self.stats.counts["claimed"] += len(rows)
         return [
             _Claim(
@@ -447,11 +531,11 @@ class Executor:
         if c.prev_attempts >= MAX_ATTEMPTS:
             # The 8th attempt's executor vanished: nothing is left to spend.
             error = f"gave up: all {MAX_ATTEMPTS} attempts spent (the last one's executor stopped reporting)"
-            await self._finish(c, queries.RECORD_FAILED, {"attempts": MAX_ATTEMPTS, "error": error}, None)
+            await self._submit(c, queries.RECORD_FAILED, {"attempts": MAX_ATTEMPTS, "error": error}, None)
             return
         if not c.endpoint_active:
             error = "webhook endpoint disabled or deleted before delivery"
-            await self._finish(c, queries.RECORD_FAILED, {"attempts": c.prev_attempts, "error": error}, None)
+            await self._submit(c, queries.RECORD_FAILED, {"attempts": c.prev_attempts, "error": error}, None)
             return
         probe = False
         if c.circuit == "open":
@@ -503,18 +587,24 @@ class Executor:
         timeout_s = self.config.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._client.stream("POST", c.url, content=body, headers=headers) as response:
+                request = httpx.Request(
+                    "POST", _url(c.url), content=body, headers=headers, extensions=self._request_extensions
+                )
+                response = await self._client.send(request, stream=True)
+                try:
                     excerpt = bytearray()
                     async for chunk in response.aiter_bytes():
                         excerpt += chunk
                         if len(excerpt) >= EXCERPT_BYTES:
                             break
-                    status_code = response.status_code
-                    retry_after = _parse_retry_after(response.headers.get("retry-after"))
+                finally:
+                    await response.aclose()
         except TimeoutError:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=_transport_error(exc, self.config))
+        status_code = response.status_code
+        retry_after = _parse_retry_after(response.headers.get("retry-after"))
         text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         outcome = classify(status_code)
         return _Result(
@@ -552,9 +642,88 @@ class Executor:
             "response_excerpt": r.excerpt,
             "executor": self.executor_id,
         }
-        pulled_in = await self._finish(c, sql, params, attempt, result=r, probe=probe)
-        if pulled_in:
+        await self._submit(c, sql, params, attempt, result=r, probe=probe)
+
+    async def _submit(
+        self,
+        c: _Claim,
+        sql: str,
+        params: dict[str, Any],
+        attempt: dict[str, Any] | None,
+        *,
+        result: _Result | None = None,
+        probe: bool = False,
+    ) -> None:
+        """Hand the claim's finishing write to the writer; returns once its batch is written (or discarded)."""
+        outcome = _Outcome(c, sql, params, attempt, result, probe, asyncio.get_running_loop().create_future())
+        self._outcomes.append(outcome)
+        self._outcomes_ready.set()
+        if await outcome.done:
             await self._pull_in_deferred(c)
+
+    async def _write_loop(self) -> None:
+        """The writer: whatever finished while the last batch was being written goes out as the next batch."""
+        try:
+            while True:
+                await self._outcomes_ready.wait()
+                self._outcomes_ready.clear()
+                while self._outcomes:
+                    batch, self._outcomes = self._outcomes[:WRITE_BATCH], self._outcomes[WRITE_BATCH:]
+                    await self._write_batch(batch)
+        finally:
+            for outcome in self._outcomes:
+                outcome.done.cancel()
+
+    async def _write_batch(self, batch: list[_Outcome]) -> None:
+        """Write ``batch`` with ``queries.RECORD_OUTCOMES``; resolve each outcome's future with "pull in deferred".
+
+        The statement writes only the claims still ours; the others were lost and are discarded.
+        If the statement fails, each outcome is written on its own (``_finish``), so one
+        delivery's bad write drives that delivery alone to ``failed``.
+        """
+        cfg = self.config
+        columns: dict[str, list[Any]] = {name: [] for name in _OUTCOME_COLUMNS}
+        for outcome in batch:
+            for name, value in zip(_OUTCOME_COLUMNS, outcome.row(), strict=True):
+                columns[name].append(value)
+        params = {
+            **columns,
+            "executor": self.executor_id,
+            "threshold": cfg.breaker_threshold,
+            "base_s": float(cfg.breaker_cooldown_s),
+            "max_s": float(cfg.breaker_max_cooldown_s),
+        }
+        try:
+            async with self._pool.connection() as conn:
+                written = await (await conn.execute(queries.RECORD_OUTCOMES, params)).fetchone()
+        except Exception:
+            log.warning("outbox batch write failed; writing its %d outcomes one by one", len(batch), exc_info=True)
+            for outcome in batch:
+                o = outcome
+                closed = await self._finish(o.claim, o.sql, o.params, o.attempt, result=o.result, probe=o.probe)
+                if not outcome.done.done():
+                    outcome.done.set_result(closed)
+            return
+        recorded, closed = set(written["recorded"]), set(written["closed"])
+        self.stats.counts["batches"] += 1
+        for outcome in batch:
+            c = outcome.claim
+            if c.id in recorded:
+                self._count(outcome.sql, outcome.attempt)
+                pull_in = outcome.probe and c.endpoint_id in closed
+            else:
+                self.stats.counts["lease_lost"] += 1
+                log.warning("outbox claim lost before the outcome was written: discarded delivery=%s", c.id)
+                pull_in = False
+            if not outcome.done.done():
+                outcome.done.set_result(pull_in)
+
+    def _count(self, sql: str, attempt: dict[str, Any] | None) -> None:
+        if attempt is not None:
+            DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
+            self.stats.counts[attempt["outcome"]] += 1
+        elif sql is queries.RECORD_FAILED:
+            self.stats.counts["failed_without_attempt"] += 1
 
     async def _finish(
         self,
@@ -566,7 +735,7 @@ class Executor:
         result: _Result | None = None,
         probe: bool = False,
     ) -> bool:
-        """The terminal/retry transaction. Returns True when a probe closed the endpoint's circuit.
+        """One claim's terminal/retry transaction (the writer's fallback); True when a probe closed the circuit.
 
         A write that matches no row (the claim was lost) rolls back and is discarded. Any
         other failure of the transaction drives the delivery to ``failed`` with the minimal
@@ -611,11 +780,7 @@ class Executor:
                 c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000], sent=attempt is not None
             )
             return False
-        if attempt is not None:
-            DELIVERY_ATTEMPTS.labels(outcome=attempt["outcome"]).inc()
-            self.stats.counts[attempt["outcome"]] += 1
-        elif sql is queries.RECORD_FAILED:
-            self.stats.counts["failed_without_attempt"] += 1
+        self._count(sql, attempt)
         return closed_circuit
 
     async def _force_failed(self, c: _Claim, error: str, *, sent: bool) -> None:
@@ -799,6 +964,12 @@ def _transport_error(exc: Exception, cfg: ExecutorConfig) -> str:
         bound_s = cfg.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else cfg.timeout_s
         return f"timed out after {bound_s:g} s"
     return kind
+
+
+@functools.lru_cache(maxsize=4096)
+def _url(url: str) -> httpx.URL:
+    """``url`` parsed once per endpoint URL (httpx's URL is immutable); raises ``httpx.InvalidURL``."""
+    return httpx.URL(url)
 
 
 def _ms_since(started: float) -> int:

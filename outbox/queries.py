@@ -26,7 +26,7 @@ MAX_ATTEMPTS = 8
 # replica included. The row's previous claim and attempt count come back so the caller
 # records evidence for an attempt whose executor vanished. Everything the send needs
 # (event, endpoint, circuit state) comes back in the same round trip.
-CLAIM_DUE = f"""
+_CLAIM_CTES = f"""
 WITH due AS (
     SELECT d.id, d.claimed_by AS lost_claim, d.attempts AS prev_attempts
     FROM outbox_delivery d
@@ -44,7 +44,8 @@ WITH due AS (
     FROM due
     WHERE d.id = due.id
     RETURNING d.id, d.claimed_by, d.attempts, due.prev_attempts, due.lost_claim, d.event_id, d.endpoint_id
-)
+)"""
+_CLAIM_SELECT = """
 SELECT c.id, c.claimed_by, c.attempts, c.prev_attempts, c.lost_claim,
        e.id AS event_id, e.type AS event_type, e.data AS event_data, e.created_at AS event_created_at,
        e.livemode, e.sequence,
@@ -57,6 +58,27 @@ FROM claimed c
 JOIN outbox_event e ON e.id = c.event_id
 JOIN outbox_webhookendpoint w ON w.id = c.endpoint_id
 """
+CLAIM_DUE = _CLAIM_CTES + _CLAIM_SELECT
+
+# CLAIM_DUE_RECORDING_LOST: CLAIM_DUE that also inserts, in the same statement, the evidence row
+# of every attempt whose executor vanished with its lease (what lost_attempt_params in
+# outbox.executor writes; the reaper does the same for the rows it re-queues). The caller passes
+# %(attempt_ids)s, %(limit)s fresh attempt ids, one for each row it may claim.
+CLAIM_DUE_RECORDING_LOST = (
+    _CLAIM_CTES
+    + f""", lost AS (
+    INSERT INTO outbox_deliveryattempt
+        (id, delivery_id, number, outcome, status_code, latency_ms, error, response_excerpt, executor, created_at)
+    SELECT (%(attempt_ids)s::text[])[n], id, LEAST(prev_attempts, {MAX_ATTEMPTS}), 'lease_lost', NULL, NULL,
+           'lease expired: executor ' || lost_claim
+               || ' stopped reporting; the request may or may not have been sent',
+           '', %(executor)s, now()
+    FROM (SELECT c.*, row_number() OVER (ORDER BY c.id) AS n FROM claimed c
+          WHERE c.lost_claim IS NOT NULL AND c.prev_attempts >= 1) expired
+    ON CONFLICT (delivery_id, number) DO NOTHING
+)"""
+    + _CLAIM_SELECT
+)
 
 # RENEW_CLAIMS: extend the leases of requests still in flight. Only an unexpired claim
 # that is still ours is extended: an expired lease is never resurrected, because another
@@ -98,6 +120,82 @@ SET status = 'retrying', claimed_by = NULL, claim_expires_at = NULL, last_error 
     fire_after = now() + make_interval(secs => %(delay_s)s)
 WHERE id = %(id)s AND claimed_by = %(claim)s AND claim_expires_at > now()
 RETURNING id
+"""
+
+# RECORD_OUTCOMES: the outcomes of a batch of claims in one statement (the executor's writer).
+# Each input row is one claim: the delivery's new status ('succeeded', 'failed' or 'retrying'),
+# the attempts to set (NULL keeps the count spent at the claim; a failure that made no request
+# hands it back), the error, the retry delay, the attempt's evidence row (attempt_id NULL: no
+# request was made) and its effect on the endpoint ('reset' after a 2xx or a permanent refusal,
+# 'fail' after a retryable failure, 'gone' after a 410). Only rows whose claim is still ours
+# (RECORD_SUCCEEDED's predicate) are written; the evidence and the endpoint effects follow from
+# those rows alone, so a lost claim writes nothing at all. Per endpoint, the effects add up as
+# the one-by-one writes would in the order given (ENDPOINT_SUCCEEDED, ENDPOINT_FAILED,
+# ENDPOINT_DISABLE): the failures after its last reset count, and at %(threshold)s consecutive
+# failures the circuit opens. Returns the ids written and the endpoints whose circuit a reset
+# closed (the caller pulls in what was deferred behind a successful probe).
+RECORD_OUTCOMES = """
+WITH outcome AS (
+    SELECT *
+    FROM unnest(%(ids)s::text[], %(claims)s::text[], %(statuses)s::text[], %(attempts)s::int[],
+                %(errors)s::text[], %(delays_s)s::float8[], %(attempt_ids)s::text[], %(numbers)s::int[],
+                %(outcomes)s::text[], %(status_codes)s::int[], %(latencies_ms)s::int[], %(attempt_errors)s::text[],
+                %(excerpts)s::text[],
+                %(endpoint_ids)s::text[], %(effects)s::text[])
+         WITH ORDINALITY AS o(id, claim, status, attempts, error, delay_s, attempt_id, number, outcome,
+                              status_code, latency_ms, attempt_error, excerpt, endpoint_id, effect, n)
+), recorded AS (
+    UPDATE outbox_delivery d
+    SET status = o.status,
+        attempts = COALESCE(o.attempts, d.attempts),
+        claimed_by = NULL,
+        claim_expires_at = NULL,
+        last_error = o.error,
+        fire_after = CASE WHEN o.status = 'retrying' THEN now() + make_interval(secs => o.delay_s)
+                          ELSE d.fire_after END,
+        completed_at = CASE WHEN o.status = 'retrying' THEN NULL ELSE now() END
+    FROM outcome o
+    WHERE d.id = ANY(%(ids)s) AND d.id = o.id AND d.claimed_by = o.claim AND d.claim_expires_at > now()
+    RETURNING d.id
+), ours AS (
+    SELECT o.* FROM outcome o JOIN recorded r ON r.id = o.id
+), evidence AS (
+    INSERT INTO outbox_deliveryattempt
+        (id, delivery_id, number, outcome, status_code, latency_ms, error, response_excerpt, executor, created_at)
+    SELECT attempt_id, id, number, outcome, status_code, latency_ms, attempt_error, excerpt, %(executor)s, now()
+    FROM ours
+    WHERE attempt_id IS NOT NULL
+    ON CONFLICT (delivery_id, number) DO NOTHING
+), last_reset AS (
+    SELECT endpoint_id, max(n) FILTER (WHERE effect = 'reset') AS n,
+           min(id) FILTER (WHERE effect = 'gone') AS gone_delivery
+    FROM ours
+    WHERE effect IS NOT NULL
+    GROUP BY endpoint_id
+), effect AS (
+    SELECT l.endpoint_id, l.n IS NOT NULL AS reset, (l.n IS NULL)::int AS keep, l.gone_delivery,
+           (SELECT count(*) FROM ours o
+            WHERE o.endpoint_id = l.endpoint_id AND o.effect = 'fail' AND o.n > COALESCE(l.n, 0)) AS failures
+    FROM last_reset l
+), endpoint AS (
+    UPDATE outbox_webhookendpoint w
+    SET consecutive_failures = w.consecutive_failures * e.keep + e.failures,
+        circuit_open_until = CASE
+            WHEN e.failures > 0 AND w.consecutive_failures * e.keep + e.failures >= %(threshold)s
+                THEN now() + make_interval(secs => LEAST(%(base_s)s * power(2, LEAST(
+                    w.consecutive_failures * e.keep + e.failures - %(threshold)s, 20)), %(max_s)s))
+            WHEN e.reset THEN NULL
+            ELSE w.circuit_open_until END,
+        enabled = w.enabled AND e.gone_delivery IS NULL,
+        disabled_reason = CASE WHEN e.gone_delivery IS NULL THEN w.disabled_reason
+                               ELSE 'receiver answered 410 Gone to delivery ' || e.gone_delivery END
+    FROM effect e
+    WHERE w.id = ANY(%(endpoint_ids)s) AND w.id = e.endpoint_id
+      AND (e.failures > 0 OR e.gone_delivery IS NOT NULL
+           OR (e.reset AND (w.consecutive_failures <> 0 OR w.circuit_open_until IS NOT NULL)))
+    RETURNING w.id, e.reset AND e.failures = 0 AS closed
+)
+SELECT ARRAY(SELECT id FROM recorded) AS recorded, ARRAY(SELECT id FROM endpoint WHERE closed) AS closed
 """
 
 # DEFER: the endpoint's circuit is open; no request is made, so the attempt is handed back

@@ -51,6 +51,7 @@ class Received:
     body: bytes
     at: float  # monotonic
     wall: float  # unix time of arrival (what a receiver checks a signature's timestamp against)
+    peer: tuple[str, int] = ("", 0)  # the client's address and port: one per connection
 
     @property
     def json(self):
@@ -88,7 +89,12 @@ class Receiver:
                 body = self.rfile.read(length)
                 path = self.path.split("?")[0]
                 req = Received(
-                    path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic(), time.time()
+                    path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    body,
+                    time.monotonic(),
+                    time.time(),
+                    self.client_address[:2],
                 )
                 with receiver.lock:
                     receiver.requests.append(req)

@@ -178,3 +178,147 @@ def test_retention_removes_old_succeeded_deliveries_and_their_attempts_only(tena
     assert set(Delivery.objects.values_list("id", flat=True)) == {new_ok.id, old_failed.id, pending.id, replay.id}
     assert DeliveryAttempt.objects.count() == 0
     assert Delivery.objects.get(id=replay.id).replay_of_id is None
+
+
+def claim_recording_lost(executor: str, limit: int = 10) -> list[dict]:
+    from hardcount.ids import new_id
+
+    params = {
+        "limit": limit,
+        "executor": executor,
+        "lease_s": 20.0,
+        "attempt_ids": [new_id("wha") for _ in range(limit)],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(queries.CLAIM_DUE_RECORDING_LOST, params)
+        names = [c.name for c in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def test_the_executors_claim_records_the_lost_attempt_in_the_same_statement(tenant_t):
+    make_endpoint(tenant_t, "http://127.0.0.1:9/unused")
+    emit(tenant_t)
+    emit(tenant_t)
+    first = {r["id"]: r for r in claim_recording_lost("a")}
+    assert DeliveryAttempt.objects.count() == 0  # a first claim loses nothing
+    expired_id = sorted(first)[0]
+    expire(expired_id)
+    (again,) = claim_recording_lost("b")
+    assert (
+        again["id"] == expired_id and again["attempts"] == 2 and again["lost_claim"] == first[expired_id]["claimed_by"]
+    )
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.delivery_id, attempt.number, attempt.outcome, attempt.executor) == (
+        expired_id,
+        1,
+        "lease_lost",
+        "b",
+    )
+    assert first[expired_id]["claimed_by"] in attempt.error and attempt.id.startswith("wha_")
+
+
+def record(rows: list[dict], *, threshold: int = 3) -> dict:
+    """RECORD_OUTCOMES for ``rows`` (each a claim row from ``claim`` plus what to write)."""
+    from hardcount.ids import new_id
+
+    columns = {
+        "ids": [r["id"] for r in rows],
+        "claims": [r["claimed_by"] for r in rows],
+        "statuses": [r["status"] for r in rows],
+        "attempts": [r.get("set_attempts") for r in rows],
+        "errors": [r.get("error", "") for r in rows],
+        "delays_s": [r.get("delay_s", 0.0) for r in rows],
+        "attempt_ids": [new_id("wha") if r.get("outcome") else None for r in rows],
+        "numbers": [r["attempts"] if r.get("outcome") else None for r in rows],
+        "outcomes": [r.get("outcome") for r in rows],
+        "status_codes": [r.get("status_code") for r in rows],
+        "latencies_ms": [5 if r.get("outcome") else None for r in rows],
+        "attempt_errors": [r.get("error", "") if r.get("outcome") else None for r in rows],
+        "excerpts": ["ok" if r.get("outcome") else None for r in rows],
+        "endpoint_ids": [r["endpoint_id"] for r in rows],
+        "effects": [r.get("effect") for r in rows],
+    }
+    params = {**columns, "executor": "a", "threshold": threshold, "base_s": 60.0, "max_s": 3600.0}
+    with connection.cursor() as cursor:
+        cursor.execute(queries.RECORD_OUTCOMES, params)
+        recorded, closed = cursor.fetchone()
+    return {"recorded": set(recorded), "closed": set(closed)}
+
+
+def test_a_batch_writes_the_claims_still_held_and_nothing_of_a_lost_one(tenant_t):
+    from outbox.models import WebhookEndpoint
+
+    endpoint = make_endpoint(tenant_t, "http://127.0.0.1:9/unused")
+    for _ in range(4):
+        emit(tenant_t)
+    ok, retry, failed, lost = claim("a")
+    expire(lost["id"])  # its lease ran out: the batch must not write it, its attempt or its failure
+    written = record(
+        [
+            {**ok, "status": "succeeded", "outcome": "succeeded", "status_code": 200, "effect": "reset"},
+            {**retry, "status": "retrying", "outcome": "retryable", "status_code": 500, "error": "HTTP 500",
+             "delay_s": 60.0, "effect": "fail"},
+            {**failed, "status": "failed", "set_attempts": 0, "error": "endpoint disabled"},
+            {**lost, "status": "retrying", "outcome": "retryable", "status_code": 503, "error": "HTTP 503",
+             "delay_s": 60.0, "effect": "fail"},
+        ]
+    )  # fmt: skip
+    assert written["recorded"] == {ok["id"], retry["id"], failed["id"]}
+    rows = {d.id: d for d in Delivery.objects.all()}
+    assert (rows[ok["id"]].status, rows[ok["id"]].claimed_by, rows[ok["id"]].last_error) == ("succeeded", None, "")
+    assert rows[ok["id"]].completed_at is not None
+    assert (rows[retry["id"]].status, rows[retry["id"]].attempts, rows[retry["id"]].completed_at) == (
+        "retrying",
+        1,
+        None,
+    )
+    assert (rows[failed["id"]].status, rows[failed["id"]].attempts) == ("failed", 0)  # no request: attempt handed back
+    assert (rows[lost["id"]].status, rows[lost["id"]].claimed_by) == ("pending", lost["claimed_by"])  # untouched
+    assert sorted((a.delivery_id, a.outcome) for a in DeliveryAttempt.objects.all()) == sorted(
+        [(ok["id"], "succeeded"), (retry["id"], "retryable")]
+    )
+    # One failure counted after the success: the lost claim's failure is not.
+    assert WebhookEndpoint.objects.get(id=endpoint.id).consecutive_failures == 1
+    assert record([{**ok, "status": "succeeded"}])["recorded"] == set()  # not twice either
+
+
+def test_a_batch_adds_up_endpoint_effects_as_one_by_one_writes_would(tenant_t):
+
+    flaky = make_endpoint(tenant_t, "http://127.0.0.1:9/flaky", consecutive_failures=2)
+    gone = make_endpoint(tenant_t, "http://127.0.0.1:9/gone")
+    emit(tenant_t)
+    emit(tenant_t)
+    emit(tenant_t)
+    rows = claim("a")
+    by_endpoint = {}
+    for r in rows:
+        by_endpoint.setdefault(r["endpoint_id"], []).append(r)
+    f1, f2, f3 = by_endpoint[flaky.id]
+    (g,) = by_endpoint[gone.id][:1]
+    failure = {"status": "retrying", "outcome": "retryable", "status_code": 500, "delay_s": 60.0, "effect": "fail"}
+    written = record(
+        [
+            {**f1, "status": "succeeded", "outcome": "succeeded", "status_code": 200, "effect": "reset"},
+            {**f2, **failure},
+            {**f3, **failure},
+            {**g, "status": "failed", "outcome": "failed", "status_code": 410, "error": "HTTP 410", "effect": "gone"},
+        ],
+        threshold=2,
+    )
+    assert len(written["recorded"]) == 4 and written["closed"] == set()
+    flaky.refresh_from_db()
+    gone.refresh_from_db()
+    # Reset by the success, then two failures: at the threshold of 2 the circuit opens.
+    assert flaky.consecutive_failures == 2 and flaky.circuit_open_until is not None
+    assert (gone.enabled, gone.disabled_reason) == (False, f"receiver answered 410 Gone to delivery {g['id']}")
+    assert gone.consecutive_failures == 0
+
+    # A success on an endpoint with failures closes its circuit, and says so; a healthy one is not written.
+    for r in by_endpoint[gone.id][1:]:
+        Delivery.objects.filter(id=r["id"]).update(claimed_by=None, claim_expires_at=None)
+    Delivery.objects.filter(id=f2["id"]).update(status="pending", fire_after=Now())
+    (again,) = [r for r in claim("b") if r["id"] == f2["id"]]
+    written = record([{**again, "status": "succeeded", "outcome": "succeeded", "status_code": 200, "effect": "reset"}])
+    assert written["closed"] == {flaky.id}
+    flaky.refresh_from_db()
+    assert flaky.consecutive_failures == 0 and flaky.circuit_open_until is None

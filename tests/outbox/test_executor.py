@@ -72,6 +72,39 @@ def test_every_event_reaches_every_subscribed_endpoint_signed(tenant_t, receiver
         assert attempt.latency_ms is not None
 
 
+@pytest.mark.parametrize("answer_headers, connections", [({}, 1), ({"Connection": "close"}, 5)])
+def test_deliveries_to_an_endpoint_reuse_a_kept_alive_connection(
+    tenant_t, receiver, make_executor, answer_headers, connections
+):
+    """One worker, five deliveries: one connection, unless the receiver closes it after each answer (the control)."""
+    receiver.behave("/hook", lambda r, n: Answer(headers=answer_headers))
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    for _ in range(5):
+        emit(tenant_t)
+    make_executor(workers=1)
+    wait_until(_settled, what="all deliveries settled")
+
+    assert Delivery.objects.filter(status="succeeded").count() == 5
+    received = receiver.received("/hook")
+    assert len(received) == 5
+    assert len({r.peer for r in received}) == connections
+
+
+def test_a_receivers_cookies_are_never_sent_back(tenant_t, receiver, make_executor):
+    """The client is shared by every tenant's endpoints: a cookie one receiver sets goes nowhere."""
+    receiver.behave("/a", lambda r, n: Answer(headers={"Set-Cookie": "sid=tenant-a; Path=/"}))
+    make_endpoint(tenant_t, receiver.url("/a"))
+    make_endpoint(tenant_t, receiver.url("/b"))
+    emit(tenant_t)
+    make_executor(workers=1)
+    wait_until(_settled, what="the first deliveries settled")
+    emit(tenant_t)
+    wait_until(lambda: Delivery.objects.filter(status="succeeded").count() == 4, what="the second deliveries")
+
+    assert len(receiver.received()) == 4
+    assert [r.headers.get("cookie") for r in receiver.received()] == [None] * 4
+
+
 def test_two_executors_racing_never_deliver_or_record_one_delivery_twice(tenant_t, receiver, make_executor):
     for i in range(3):
         make_endpoint(tenant_t, receiver.url(f"/r{i}"), ["*"])

@@ -27,6 +27,7 @@ tests/system/test_scheduler_processes.py).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -472,7 +473,22 @@ def executors_killed_mid_delivery(
     )
     mover = threading.Thread(target=move_time, daemon=True)
     billing = threading.Thread(target=bill, daemon=True)
+
+    def queue_customers(count: int) -> None:
+        from django.db import transaction
+
+        from billing.models import Customer
+        from outbox.services import emit_for
+
+        for n in range(count):
+            with transaction.atomic():
+                customer = Customer.objects.create(
+                    tenant=tenant, livemode=False, email=f"more-{next(topped_up)}-{n}@example.com"
+                )
+                emit_for(customer, "customer.created", {"id": customer.id, "object": "customer"})
+
     killed = 0
+    topped_up = itertools.count()
     try:
         live = [pool.start().result(timeout=60), pool.start().result(timeout=60)]
         mover.start()
@@ -483,6 +499,10 @@ def executors_killed_mid_delivery(
             pid = victim.process.pid
 
             def in_flight(pid=pid):
+                # The executors may have delivered everything the drain wrote so far: then more events
+                # are queued, so each kill still lands mid-delivery (the checks below cover them too).
+                if not Delivery.objects.filter(event__tenant=tenant, status__in=("pending", "retrying")).exists():
+                    queue_customers(4)
                 claimed = set(
                     Delivery.objects.filter(
                         claimed_by__contains=f":{pid}:", status__in=("pending", "retrying")
