@@ -152,12 +152,14 @@ def test_one_meter_event_per_identifier_across_partitions(tenant):
     def event(at: datetime) -> dict:
         return {
             "id": id_at("mev", now), "identifier": "req-1", "event_name": "api", "customer_id": customer,
-            "value": 1, "payload": {}, "timestamp": at, "created_at": now,
+            "value": 1, "payload": {}, "ts": at.isoformat(), "created_at": now.isoformat(),
         }  # fmt: skip
 
-    assert insert_meter_events(tenant_id=tenant.id, livemode=False, rows=[event(now)]) == {"req-1"}
+    # The identifiers not inserted (seen before): none the first time.
+    assert insert_meter_events(tenant_id=tenant.id, livemode=False, rows=[event(now)], now=now) == set()
     # The same identifier at a time of another month (another partition) is admitted by nothing.
-    assert insert_meter_events(tenant_id=tenant.id, livemode=False, rows=[event(now - timedelta(days=40))]) == set()
+    again = [event(now - timedelta(days=40))]
+    assert insert_meter_events(tenant_id=tenant.id, livemode=False, rows=again, now=now) == {"req-1"}
     assert count("billing_meterevent", "identifier = 'req-1'") == 1
 
     # The negative control: the event table alone holds both, one per partition; the guard table is the key.
@@ -165,7 +167,7 @@ def test_one_meter_event_per_identifier_across_partitions(tenant):
     execute(
         "INSERT INTO billing_meterevent (id, tenant_id, livemode, event_name, customer_id, identifier, value, "
         "payload, timestamp, created_at) VALUES (%s, %s, false, 'api', %s, 'req-1', 1, '{}', %s, %s)",
-        [second["id"], tenant.id, customer, second["timestamp"], now],
+        [second["id"], tenant.id, customer, second["ts"], now],
     )
     assert count("billing_meterevent", "identifier = 'req-1'") == 2
     assert len(partition_of("billing_meterevent", "identifier = 'req-1'")) == 2

@@ -25,7 +25,7 @@ from billing.services.invoice_items import create_invoice_item
 from billing.services.ledger import grant_credit
 from billing.services.usage import create_meter
 from dunning.models import DunningSettings
-from hardcount.models import ApiKey, IdempotencyRecord, RateLimit
+from hardcount.models import ApiKey, Claim, IdempotencyRecord, RateLimit
 from leases.models import LeaderLease
 from outbox.models import Delivery, DeliveryAttempt, WebhookEndpoint
 from tests.admin.conftest import operator  # noqa: F401 - the superuser's logged-in client
@@ -75,6 +75,7 @@ def _issue_secrets(book, operator) -> list[str]:  # noqa: F811 - the fixture's c
     DeliveryAttempt.objects.create(delivery=delivery, number=1, outcome="retryable", status_code=503, error="503")
     now = timezone.now()
     LeaderLease.objects.create(role="billing", holder="h:1:ab", token=1, heartbeat_at=now, expires_at=now)
+    Claim.objects.create(key="test_clock:clock_x", holder="h:1:ab:thread-1", expires_at=now)
     TestClock.objects.create(tenant=tenant, livemode=False, frozen_time=now - timedelta(days=1))
     DunningSettings.objects.create(tenant=tenant, livemode=False)
     Group.objects.create(name="support")
