@@ -47,7 +47,11 @@ class Web:
             "HARDCOUNT_SERVICES": "",
             "STRIPE_API_BASE": stripe_api_base,
             "STRIPE_API_KEY": STRIPE_KEY,
+            # One charge at a time, one page at a time: the delayed charges add up to a drain longer than the
+            # worker's timeout, which these tests are about (with charges in flight it would end in one delay).
             "HARDCOUNT_BILLING_CONCURRENCY": "1",
+            "HARDCOUNT_BILLING_CHARGES_IN_FLIGHT": "1",
+            "HARDCOUNT_BILLING_PAGES_IN_FLIGHT": "1",
             "HARDCOUNT_BILLING_PAGE_SIZE": "5",
             **(env or {}),
         }
