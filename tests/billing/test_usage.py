@@ -57,6 +57,19 @@ def _ingest(tenant, events):
     return usage.record_meter_events(tenant_id=tenant.id, livemode=False, events=events)
 
 
+def _licensed_and_metered(tenant, customer, metered, *, amount):
+    """A subscription of ``customer`` to a new licensed monthly price of ``amount`` cents and to ``metered``, one
+    of each: returns ``(licensed price, subscription)``."""
+    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=amount, currency="usd", interval="month")
+    sub = create_subscription(
+        tenant_id=tenant.id,
+        livemode=False,
+        customer_id=customer.id,
+        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
+    )
+    return licensed, sub
+
+
 def _event(customer, value, at, identifier=None, name="api_calls", **payload):
     event = {"event_name": name, "payload": {"stripe_customer_id": customer.id, "value": str(value), **payload}}
     if at is not None:
@@ -367,13 +380,7 @@ def test_usage_on_a_test_clock_across_advances_with_late_events_inside_and_after
     customer = book.customer(tenant, clock=clock)
     meter = _meter(tenant)
     metered = _metered_price(tenant, meter, amount=3)
-    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=1000, currency="usd", interval="month")
-    sub = create_subscription(
-        tenant_id=tenant.id,
-        livemode=False,
-        customer_id=customer.id,
-        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
-    )
+    licensed, sub = _licensed_and_metered(tenant, customer, metered, amount=1000)
 
     advance(clock, t0 + timedelta(hours=1))  # 1: January billed in advance, no usage line
     assert [r.status for r in _ingest(tenant, [_event(customer, 10, None)])] == ["accepted"]  # at the clock's time
@@ -634,13 +641,7 @@ def test_a_cancel_at_period_end_bills_the_last_periods_usage_on_a_final_invoice(
     clock = make_clock(tenant, t0)
     customer = book.customer(tenant, clock=clock)
     metered = _metered_price(tenant, _meter(tenant), amount=3)
-    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=1000, currency="usd", interval="month")
-    sub = create_subscription(
-        tenant_id=tenant.id,
-        livemode=False,
-        customer_id=customer.id,
-        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
-    )
+    _licensed, sub = _licensed_and_metered(tenant, customer, metered, amount=1000)
     advance(clock, t0 + timedelta(hours=1))
     _ingest(tenant, [_event(customer, 40, None, "final-1")])
     cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=sub.id, at_period_end=True)
@@ -754,13 +755,7 @@ def test_a_mixed_subscription_changed_mid_period_prorates_the_licensed_item_and_
     clock = make_clock(tenant, apr)
     customer = book.customer(tenant, clock=clock)
     metered = _metered_price(tenant, _meter(tenant), amount=3)
-    licensed = create_price(tenant_id=tenant.id, livemode=False, amount=3000, currency="usd", interval="month")
-    sub = create_subscription(
-        tenant_id=tenant.id,
-        livemode=False,
-        customer_id=customer.id,
-        items=[{"price": licensed.id, "quantity": 1}, {"price": metered.id, "quantity": 1}],
-    )
+    licensed, sub = _licensed_and_metered(tenant, customer, metered, amount=3000)
     advance(clock, apr + timedelta(hours=1))  # April billed in advance: 3,000, no usage line
     _ingest(tenant, [_event(customer, 10, None)])
     advance(clock, datetime(2027, 4, 16, tzinfo=UTC))
