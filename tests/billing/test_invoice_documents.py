@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import types
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -160,6 +161,31 @@ def test_two_renders_of_one_invoice_are_the_same_bytes_dated_by_the_invoice(book
     identifier = reader.trailer["/ID"][0]
     other = _billed(book, acme.tenant, amount=1999, currency="usd")
     assert pypdf.PdfReader(io.BytesIO(_pdf(acme, other.id).content)).trailer["/ID"][0] != identifier
+
+
+def test_renders_an_hour_apart_are_the_same_bytes_when_fonts_are_subset_by_fonttools(book, acme, monkeypatch):
+    """Without HarfBuzz-Subset WeasyPrint subsets fonts with fontTools, which stamps each font with the time of the
+    render; the renderer pins that stamp. The clock fontTools reads is moved an hour between two renders."""
+    import weasyprint.pdf.fonts
+    from fontTools.misc import timeTools
+
+    from billing import documents
+
+    invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
+    monkeypatch.setattr(weasyprint.pdf.fonts, "harfbuzz_subset", None)  # the fontTools path, on any system
+    ticks = iter(range(1_800_000_000, 1_900_000_000, 3600))
+    monkeypatch.setattr(timeTools, "time", types.SimpleNamespace(time=lambda: next(ticks)))
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+
+    first = documents.render_invoice_pdf(invoice)
+    second = documents.render_invoice_pdf(invoice)
+
+    assert first == second
+    # Negative control: the same HTML through WeasyPrint without the pin differs an hour later.
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    html = documents.render_html(documents.invoice_document(invoice))
+    unpinned = [weasyprint.HTML(string=html).write_pdf(pdf_identifier=b"0" * 32) for _ in range(2)]
+    assert unpinned[0] != unpinned[1]
 
 
 def test_a_draft_has_no_document_and_another_tenants_invoice_is_404(book, acme, globex, settings):
