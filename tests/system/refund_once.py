@@ -1,27 +1,32 @@
-"""A credit note with a refund in its own process, SIGKILLed mid-refund (tests/system/test_refund_processes.py).
+"""A credit note with a refund to the card, issued in its own process, which may be SIGKILLed mid-refund.
 
-``python -m tests.system.refund_once --tenant T --invoice I --amount N --kill-at POINT`` sets Django up
-(``DATABASE_URL`` names the test database), acts for the tenant (test mode, as an API request does), prints
-``ready``, waits for one line on stdin and issues a credit note of ``N`` refunded to the card through
-:func:`billing.services.credit_notes.create_credit_note`, logging ``fault_point_reached point=…`` and
-SIGKILLing itself (no ``finally``, no rollback by Python) at:
+``python -m tests.system.refund_once --tenant T --invoice I --amount 300 [--kill-at POINT]`` sets Django up
+(``DATABASE_URL`` names the test database, ``STRIPE_API_BASE`` the strict dev Stripe), acts for the tenant
+(test mode, as an API request does), prints ``ready``, waits for one line on stdin (the start signal), issues
+``{"amount": N, "refund_amount": N}`` on the invoice through
+:func:`billing.services.credit_notes.create_credit_note`, then prints one JSON line
+``{"credit_note": …, "refund_outcome": …}``.
 
-- ``after_refund_row``: the credit note and its refund row (outcome ``unknown``) have committed; the gateway has
-  not been called;
-- ``after_refund_sent``: the gateway answered the refund (it exists there); nothing of the answer is recorded.
+``--kill-at`` SIGKILLs the process (no ``finally``, no rollback by Python), logging
+``fault_point_reached point=…`` first:
 
-The points wrap the module globals the service calls (``credit_notes.send_refund``, ``credit_notes.record_refund``),
-so the service carries no seam for them.
+- ``after_commit``: the credit note and its refund (outcome ``unknown``, its key ``hc:{credit_note}:refund``)
+  have committed; the refund has not been sent;
+- ``after_refund``: the gateway answered the refund (it ran), nothing of the answer is recorded.
+
+The points wrap the module globals the service calls (``credit_notes.send_refund``,
+``credit_notes.record_refund``), so the service carries no seam for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 
-KILL_POINTS = ("after_refund_row", "after_refund_sent")
+KILL_POINTS = ("after_commit", "after_refund")
 
 
 def _die(point: str) -> None:
@@ -33,7 +38,7 @@ def _die(point: str) -> None:
 def _arm(point: str) -> None:
     from billing.services import credit_notes
 
-    if point == "after_refund_row":
+    if point == "after_commit":
         credit_notes.send_refund = lambda *args, **kwargs: _die(point)
     else:
         credit_notes.record_refund = lambda *args, **kwargs: _die(point)
@@ -44,7 +49,7 @@ def main() -> None:
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--invoice", required=True)
     parser.add_argument("--amount", type=int, required=True)
-    parser.add_argument("--kill-at", choices=KILL_POINTS, required=True)
+    parser.add_argument("--kill-at", choices=KILL_POINTS)
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -53,18 +58,21 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
+    from billing.models import Refund
     from billing.services.credit_notes import create_credit_note
     from hardcount import tenancy
 
     connection.ensure_connection()
     tenancy.enter(args.tenant, False)
-    _arm(args.kill_at)
+    if args.kill_at:
+        _arm(args.kill_at)
     print("ready", flush=True)
     sys.stdin.readline()
-    create_credit_note(
+    note = create_credit_note(
         args.invoice, tenant_id=args.tenant, livemode=False, amount=args.amount, refund_amount=args.amount
     )
-    print("not killed", flush=True)
+    outcome = Refund.objects.get(credit_note=note).outcome
+    print(json.dumps({"credit_note": note.id, "refund_outcome": outcome}), flush=True)
 
 
 if __name__ == "__main__":
