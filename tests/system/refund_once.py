@@ -5,7 +5,9 @@
 (test mode, as an API request does), prints ``ready``, waits for one line on stdin (the start signal), issues
 ``{"amount": N, "refund_amount": N}`` on the invoice through
 :func:`billing.services.credit_notes.create_credit_note`, then prints one JSON line
-``{"credit_note": …, "refund_outcome": …}``.
+``{"credit_note": …, "refund_outcome": …}``. With ``--api-key K --idempotency-key I`` it sends the same body as
+``POST /v1/credit_notes`` (Django's test client, the tenant's key, that ``Idempotency-Key``) instead, as a web
+worker would serve it.
 
 ``--kill-at`` SIGKILLs the process (no ``finally``, no rollback by Python), logging
 ``fault_point_reached point=…`` first:
@@ -50,6 +52,8 @@ def main() -> None:
     parser.add_argument("--invoice", required=True)
     parser.add_argument("--amount", type=int, required=True)
     parser.add_argument("--kill-at", choices=KILL_POINTS)
+    parser.add_argument("--api-key")
+    parser.add_argument("--idempotency-key")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -63,11 +67,24 @@ def main() -> None:
     from hardcount import tenancy
 
     connection.ensure_connection()
-    tenancy.enter(args.tenant, False)
     if args.kill_at:
         _arm(args.kill_at)
     print("ready", flush=True)
     sys.stdin.readline()
+    if args.api_key:
+        from django.test import Client
+
+        response = Client().post(
+            "/v1/credit_notes",
+            data=json.dumps({"invoice": args.invoice, "amount": args.amount, "refund_amount": args.amount}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {args.api_key}",
+            HTTP_IDEMPOTENCY_KEY=args.idempotency_key,
+        )
+        body = response.json()
+        print(json.dumps({"credit_note": body.get("id"), "refund_outcome": (body.get("refund") or {}).get("outcome")}))
+        return
+    tenancy.enter(args.tenant, False)
     note = create_credit_note(
         args.invoice, tenant_id=args.tenant, livemode=False, amount=args.amount, refund_amount=args.amount
     )
