@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -39,6 +40,13 @@ TEMPLATE = "billing/invoice_document.html"
 # WeasyPrint logs every step of every render at INFO.
 logging.getLogger("weasyprint").setLevel(logging.WARNING)
 logging.getLogger("weasyprint.progress").setLevel(logging.WARNING)
+
+# Where the system lacks HarfBuzz-Subset (Debian's libharfbuzz-subset0), WeasyPrint subsets the fonts with
+# fontTools, which stamps each embedded font's ``head.modified`` with the time of the render: two renders a
+# second apart differ. fontTools takes that time from SOURCE_DATE_EPOCH when set (the reproducible-builds
+# convention), so a fixed one keeps the bytes the same. Its value is never shown: the PDF's own dates are
+# the document's. docs/decisions/0211.
+FONT_TIMESTAMP_EPOCH = "1767225600"  # 2026-01-01T00:00:00Z
 
 
 class NotFinalized(ValueError):
@@ -430,6 +438,7 @@ def render_pdf(document: InvoiceDocument) -> bytes:
     # The template needs no resource; a fetcher that allows no scheme keeps any URL that reached the HTML
     # (a tenant's text is escaped, this is the second wall) from reading a file or calling out.
     fetch_nothing = URLFetcher(allowed_protocols=())
+    os.environ.setdefault("SOURCE_DATE_EPOCH", FONT_TIMESTAMP_EPOCH)
     return weasyprint.HTML(string=render_html(document), url_fetcher=fetch_nothing).write_pdf(
         pdf_identifier=pdf_identifier(document)
     )

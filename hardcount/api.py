@@ -590,6 +590,8 @@ class ApiView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         self._idempotency_claim = None
+        # The request's validated Idempotency-Key (None without one): a service may bind what it creates to it.
+        self.idempotency_key: str | None = None
         # After authentication, before anything is written: a refused request claims no Idempotency-Key.
         # The buckets are the service's rows, not the tenant's: taken before the switch below.
         ratelimit.check(request)
@@ -601,6 +603,7 @@ class ApiView(APIView):
         key = idempotency.validate_key(request.headers.get(idempotency.HEADER))
         if key is None:
             return
+        self.idempotency_key = key
         try:
             body = request._request.body
         except RequestDataTooBig as exc:

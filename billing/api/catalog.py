@@ -36,7 +36,7 @@ class CustomerListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.CustomerCreate)
-        coupon = coupon_change(data)
+        coupon, coupon_param = coupon_change(data)
         customer = catalog.create_customer(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -47,6 +47,7 @@ class CustomerListView(ApiView):
             metadata=data.get("metadata"),
             test_clock_id=data.get("test_clock"),
             coupon_id=coupon if isinstance(coupon, str) else None,
+            coupon_param=coupon_param,
         )
         return Response(customer_data(customer), status=status.HTTP_201_CREATED)
 
@@ -127,7 +128,7 @@ class SubscriptionListView(ApiView):
     )
     def post(self, request):
         data = self.read_body(s.SubscriptionCreate)
-        coupon = coupon_change(data)
+        coupon, coupon_param = coupon_change(data)
         subscription = catalog.create_subscription(
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
@@ -140,6 +141,7 @@ class SubscriptionListView(ApiView):
             cancel_at_period_end=data["cancel_at_period_end"],
             metadata=data.get("metadata"),
             coupon_id=coupon if isinstance(coupon, str) else None,
+            coupon_param=coupon_param,
         )
         return Response(subscription_data(subscription), status=status.HTTP_201_CREATED)
 
@@ -195,7 +197,7 @@ class SubscriptionDetailView(ApiView):
     def post(self, request, id):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
-        coupon = coupon_change(data)
+        coupon, coupon_param = coupon_change(data)
         if "pause_collection" in data:
             if data["billing_cycle_anchor"] != changes.ANCHOR_UNCHANGED:
                 raise InvalidRequestError(
@@ -218,7 +220,11 @@ class SubscriptionDetailView(ApiView):
             return Response(subscription_data(self._update_pause_collection(id, data["pause_collection"])))
         if coupon is not KEEP and "items" not in data and data["billing_cycle_anchor"] == changes.ANCHOR_UNCHANGED:
             subscription = discounts.set_subscription_discount(
-                tenant_id=self.tenant.pk, livemode=self.livemode, subscription_id=id, coupon_id=coupon
+                tenant_id=self.tenant.pk,
+                livemode=self.livemode,
+                subscription_id=id,
+                coupon_id=coupon,
+                coupon_param=coupon_param,
             )
             return Response(subscription_data(subscription))
         subscription, _invoice = changes.change_subscription(
@@ -231,6 +237,7 @@ class SubscriptionDetailView(ApiView):
             effective_at=data["effective_at"],
             billing_cycle_anchor=data["billing_cycle_anchor"],
             coupon=coupon,
+            coupon_param=coupon_param,
         )
         return Response(subscription_data(subscription))
 

@@ -15,20 +15,26 @@ from billing.services.discounts import KEEP
 from hardcount.api import ERROR, ApiView, id_path_parameter, list_of
 from hardcount.errors import InvalidRequestError
 
+# The param a refused coupon is named by: the body's own field (Stripe names ``discounts[0][coupon]``).
+COUPON_PARAM = "coupon"
+DISCOUNTS_PARAM = "discounts[0][coupon]"
 
-def coupon_change(data: dict) -> object:
-    """The discount a create or update body asks for: ``KEEP`` (:mod:`billing.services.discounts`), a coupon
-    id, or None (``discounts: []``, delete the discount). Pops ``coupon`` and ``discounts`` from ``data``; 422
-    ``coupon_or_discounts`` for both."""
+
+def coupon_change(data: dict) -> tuple[object, str]:
+    """The discount a create or update body asks for, and the param that names it in an error.
+
+    The first is ``KEEP`` (:mod:`billing.services.discounts`), a coupon id, or None (``discounts: []``, delete the
+    discount); the second :data:`COUPON_PARAM` or :data:`DISCOUNTS_PARAM`, after the field the body used. Pops
+    ``coupon`` and ``discounts`` from ``data``; 422 ``coupon_or_discounts`` for both."""
     coupon = data.pop("coupon", None)
     listed = data.pop("discounts", None)
     if coupon is not None and listed is not None:
         raise InvalidRequestError("Give coupon or discounts, not both.", code="coupon_or_discounts", param="coupon")
     if coupon is not None:
-        return coupon
+        return coupon, COUPON_PARAM
     if listed is None:
-        return KEEP
-    return listed[0]["coupon"] if listed else None
+        return KEEP, COUPON_PARAM
+    return (listed[0]["coupon"] if listed else None), DISCOUNTS_PARAM
 
 
 class CouponListView(ApiView):

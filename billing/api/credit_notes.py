@@ -264,6 +264,7 @@ class CreditNoteListView(ApiView):
             data["invoice"],
             tenant_id=self.tenant.pk,
             livemode=self.livemode,
+            request_key=self.idempotency_key or "",
             **_request_of(data, _line_inputs(data.get("lines"))),
         )
         return Response(credit_note_data(note), status=status.HTTP_201_CREATED)

@@ -57,8 +57,9 @@ class CustomerUpdateMixin:
         data = self.read_body(CustomerUpdate)
         if not is_id("customer", id):
             raise ResourceMissing(f"No such customer: '{id}'.")
-        coupon = coupon_change(data)
+        coupon, coupon_param = coupon_change(data)
         if coupon is not KEEP:
             data["coupon"] = coupon
+            data["coupon_param"] = coupon_param
         customer = update_customer(tenant_id=self.tenant.pk, livemode=self.livemode, customer_id=id, **data)
         return Response(customer_data(customer))

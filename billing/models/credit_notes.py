@@ -54,12 +54,20 @@ class CreditNote(TenantScoped):
     )
     # Who issued it: "api", or "admin:<username>" for an operator in the console.
     created_by = models.CharField(max_length=200, blank=True, default="api")
+    # The Idempotency-Key of the API request that issued it ("" for none): a retry of that request that runs again
+    # (its first try died before it could answer) finds this credit note instead of issuing, and refunding, twice.
+    request_key = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     voided_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["tenant", "livemode", "number"], name="credit_note_number_unique"),
+            models.UniqueConstraint(
+                fields=["tenant", "livemode", "request_key"],
+                condition=~models.Q(request_key=""),
+                name="credit_note_one_per_request_key",
+            ),
             models.CheckConstraint(condition=models.Q(total__gt=0), name="credit_note_total_positive"),
             models.CheckConstraint(
                 condition=models.Q(total=models.F("subtotal") + models.F("tax")),

@@ -79,13 +79,14 @@ def create_customer(
     metadata: dict[str, str] | None = None,
     test_clock_id: str | None = None,
     coupon_id: str | None = None,
+    coupon_param: str = "coupon",
 ) -> Customer:
     """Create a customer and emit ``customer.created``.
 
     ``test_clock_id`` attaches the customer (and so its subscriptions) to a test clock of
     the same tenant; clocks are test-mode only. ``coupon_id`` is redeemed as the customer's
-    discount (:func:`billing.services.discounts.apply_to_customer_locked`). Raises
-    :class:`InvalidRequestError` for a clock in live mode or a coupon that cannot be redeemed,
+    discount (:func:`billing.services.discounts.apply_to_customer_locked`; ``coupon_param`` names it in a
+    refusal). Raises :class:`InvalidRequestError` for a clock in live mode or a coupon that cannot be redeemed,
     :class:`NotFoundError` for an unknown clock or coupon.
     """
     with transaction.atomic():
@@ -116,7 +117,7 @@ def create_customer(
         now = billing_now(clock)
         customer_event(customer, "customer.created", created_at=now)
         if coupon_id is not None:
-            discounts.apply_to_customer_locked(customer, coupon_id, at=now)
+            discounts.apply_to_customer_locked(customer, coupon_id, at=now, param=coupon_param)
     return customer
 
 
@@ -210,6 +211,7 @@ def create_subscription(
     cancel_at_period_end: bool = False,
     metadata: dict[str, str] | None = None,
     coupon_id: str | None = None,
+    coupon_param: str = "coupon",
 ) -> Subscription:
     """Subscribe a customer to prices (``items``: ``[{"price": id, "quantity": n}]``; or ``price_id``, one item
     of quantity 1) and emit ``subscription.created``.
@@ -229,7 +231,9 @@ def create_subscription(
     after now and at most 730 days later; no explicit anchor with a trial; an anchor no
     more than 24 hours before now and no later than one billing interval after now.
     Unknown customer or price: :class:`NotFoundError`. ``coupon_id`` is redeemed as the subscription's
-    discount (:func:`billing.services.discounts.apply_to_subscription_locked`; its errors too).
+    discount (:func:`billing.services.discounts.apply_to_subscription_locked`; its errors too, naming
+    ``coupon_param``). A customer whose discount is an ``amount_off`` coupon in another currency than the
+    prices' is refused (``coupon_currency_mismatch``, :func:`billing.services.discounts.refuse_other_currency`).
     """
     with transaction.atomic():
         customer = _get(
@@ -248,6 +252,7 @@ def create_subscription(
                 code="currency_mismatch",
                 param="price",
             )
+        discounts.refuse_other_currency(customer, price.currency, param="price" if items is None else "items")
         clock = customer.test_clock
         now = billing_now(clock)
         trial_end = _resolve_trial(now, trial_end=trial_end, trial_period_days=trial_period_days)
@@ -293,7 +298,7 @@ def create_subscription(
             for item_price, quantity in wanted
         )
         if coupon_id is not None:
-            discounts.apply_to_subscription_locked(subscription, customer, coupon_id, at=now)
+            discounts.apply_to_subscription_locked(subscription, customer, coupon_id, at=now, param=coupon_param)
         subscription_event(subscription, "subscription.created", created_at=now)
     return subscription
 

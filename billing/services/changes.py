@@ -323,6 +323,7 @@ def change_subscription(
     effective_at: str = "immediately",
     billing_cycle_anchor: str = ANCHOR_UNCHANGED,
     coupon: object = KEEP,
+    coupon_param: str = "coupon",
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
 
@@ -336,7 +337,7 @@ def change_subscription(
     stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
     applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
     ``coupon`` (a coupon id, or None to delete the discount; :data:`~billing.services.discounts.KEEP`: leave it)
-    is applied first, in the same transaction. Raises :class:`NotFoundError`,
+    is applied first, in the same transaction (``coupon_param`` names it in a refusal). Raises :class:`NotFoundError`,
     :class:`InvalidRequestError` (see :func:`plan_change`, and a coupon that cannot be redeemed) and
     :class:`StateConflictError` (a canceled subscription).
     """
@@ -363,7 +364,7 @@ def change_subscription(
             # The usage billed below takes the ingest lock, which must come before the discount's customer lock.
             usage_hold_locked()
         if coupon is not KEEP:
-            set_subscription_discount_locked(sub, coupon, at=billing_now(sub.test_clock))
+            set_subscription_discount_locked(sub, coupon, at=billing_now(sub.test_clock), param=coupon_param)
         if effective_at == PERIOD_END:
             plan = plan_change(sub, items, proration_behavior=NONE)
             previous_schedule = sub.scheduled_items

@@ -284,94 +284,35 @@ def preview_credit_note(invoice_id: str, *, tenant_id: str, livemode: bool, **re
 
 
 def create_credit_note(
-    invoice_id: str, *, tenant_id: str, livemode: bool, created_by: str = "api", **request
+    invoice_id: str, *, tenant_id: str, livemode: bool, created_by: str = "api", request_key: str = "", **request
 ) -> CreditNote:
     """Issue a credit note on the caller's invoice and emit ``credit_note.created``; then send its refund.
 
     ``request``: :func:`build_draft`'s keywords. On an open invoice ``amount_due`` drops by the total (at
     zero the invoice is paid, as Stripe marks it; ``invoice.paid``); on a paid one the ``credit_amount``
     goes to the customer's balance and the ``refund_amount`` to the card, through the tenant's gateway
-    account, after commit. ``created_by``: ``api`` or the operator (``admin:<username>``). Raises
+    account, after commit. ``created_by``: ``api`` or the operator (``admin:<username>``). ``request_key``: the
+    API request's ``Idempotency-Key``; when a credit note was already issued under it (the request ran, then
+    died before it answered, and its retry runs again) that one is answered, its refund finished under its
+    own key if its sender died, and nothing new is issued (docs/decisions/0212). Raises
     :class:`NotFoundError`, :func:`build_draft`'s errors, :class:`PaymentInFlight` (409: a payment of the
     open invoice has no definite outcome yet; its re-send would charge the old amount) and
     :class:`RefundFailed` (402: the gateway refused the refund; the credit note is then void).
     """
     with transaction.atomic(durable=True):
         sub, invoice = _locked_invoice(invoice_id, tenant_id=tenant_id, livemode=livemode)
-        draft = build_draft(invoice, **request)
-        if invoice.status == Invoice.OPEN:
-            latest = invoice.payment_attempts.order_by("-attempt_number").first()
-            if latest is not None and (latest.outcome == PaymentAttempt.UNKNOWN or is_open(latest)):
-                raise PaymentInFlight(
-                    f"A payment of invoice {invoice.id} has no definite outcome yet; try again once it is resolved."
-                )
-        now = billing_time(invoice_clock_id(invoice, sub))
-        note = CreditNote(
-            tenant_id=invoice.tenant_id,
-            livemode=invoice.livemode,
-            invoice=invoice,
-            customer_id=invoice.customer_id,
-            type=draft.type,
-            reason=draft.reason,
-            memo=draft.memo,
-            currency=invoice.currency,
-            subtotal=draft.subtotal,
-            tax=draft.tax,
-            total=draft.total,
-            pre_payment_amount=draft.pre_payment_amount,
-            refund_amount=draft.refund_amount,
-            credit_amount=draft.credit_amount,
-            out_of_band_amount=draft.out_of_band_amount,
-            created_by=created_by[:200],
-            created_at=now,
-        )
-        if draft.credit_amount:
-            note.credit_entry = credit_note_entry_locked(
-                customer_locked(invoice.customer_id),
-                amount=draft.credit_amount,
-                invoice=invoice,
-                at=now,
-                description=f"credit note on invoice {invoice.number or invoice.id}",
+        earlier = _issued_under(request_key, tenant_id=tenant_id, livemode=livemode)
+        if earlier is None:
+            note, refund = _issue_locked(
+                sub, invoice, build_draft(invoice, **request), created_by=created_by, request_key=request_key
             )
-        if draft.type == CreditNote.PRE_PAYMENT:
-            invoice.pre_payment_credit_notes_amount += draft.total
-            invoice.amount_due -= draft.total
-            invoice.save(update_fields=["pre_payment_credit_notes_amount", "amount_due"])
-            if invoice.amount_due == 0:
-                # Nothing left to pay: paid, as Stripe marks it, with the settled-without-charge record a zero
-                # amount gets; its dunning ends and its period advances as for any payment.
-                settle_without_charge_locked(invoice, customer_locked(invoice.customer_id), now=now)
-                if invoice.attempt_count:
-                    dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
-                act_on_paid_locked(sub, invoice, now=now)
-        else:
-            invoice.post_payment_credit_notes_amount += draft.total
-            invoice.save(update_fields=["post_payment_credit_notes_amount"])
-        # The counter last (billing.lock_objects): after the customer's row the ledger and a settle took.
-        note.number = f"CN-{next_credit_note_number(invoice.tenant_id, invoice.livemode):06d}"
-        note.save(force_insert=True)
-        CreditNoteLineItem.objects.bulk_create(
-            CreditNoteLineItem(
-                credit_note=note, invoice_line_item=line, amount=amount, quantity=quantity, description=text[:500]
-            )
-            for line, amount, quantity, text in draft.lines
-        )
-        refund = None
-        if draft.refund_amount:
-            refund = Refund.objects.create(
-                tenant_id=invoice.tenant_id,
-                livemode=invoice.livemode,
-                credit_note=note,
-                invoice=invoice,
-                amount=draft.refund_amount,
-                currency=invoice.currency,
-                payment_intent_id=invoice.payment_intent_id,
-                idempotency_key=gw.refund_key(note.id),
-                started_at=database_now(),
-            )
-        credit_note_event(note, "credit_note.created", created_at=now)
-    if refund is not None:
+    if earlier is not None:
+        note, refund = earlier, Refund.objects.filter(credit_note=earlier).first()
+        if refund is not None and _claim_stale(refund.id):
+            send_refund(refund.id)
+    elif refund is not None:
         send_refund(refund.id)
+    if refund is not None:
         refund.refresh_from_db()
         if refund.outcome == Refund.ERROR:
             raise RefundFailed(
@@ -380,6 +321,93 @@ def create_credit_note(
                 param="refund_amount",
             )
     return CreditNote.objects.get(pk=note.pk)
+
+
+def _issued_under(request_key: str, *, tenant_id: str, livemode: bool) -> CreditNote | None:
+    """The credit note an API request with ``request_key`` issued already, if any ("": none)."""
+    if not request_key:
+        return None
+    return CreditNote.objects.filter(tenant_id=tenant_id, livemode=livemode, request_key=request_key).first()
+
+
+def _issue_locked(
+    sub, invoice: Invoice, draft: Draft, *, created_by: str, request_key: str
+) -> tuple[CreditNote, Refund | None]:
+    """Write the credit note of ``draft`` on ``invoice`` (locked, after ``sub``), its lines, what it moves and its
+    refund row (outcome ``unknown``, not sent); emits ``credit_note.created``. Returns the note and the refund."""
+    if invoice.status == Invoice.OPEN:
+        latest = invoice.payment_attempts.order_by("-attempt_number").first()
+        if latest is not None and (latest.outcome == PaymentAttempt.UNKNOWN or is_open(latest)):
+            raise PaymentInFlight(
+                f"A payment of invoice {invoice.id} has no definite outcome yet; try again once it is resolved."
+            )
+    now = billing_time(invoice_clock_id(invoice, sub))
+    note = CreditNote(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        invoice=invoice,
+        customer_id=invoice.customer_id,
+        type=draft.type,
+        reason=draft.reason,
+        memo=draft.memo,
+        currency=invoice.currency,
+        subtotal=draft.subtotal,
+        tax=draft.tax,
+        total=draft.total,
+        pre_payment_amount=draft.pre_payment_amount,
+        refund_amount=draft.refund_amount,
+        credit_amount=draft.credit_amount,
+        out_of_band_amount=draft.out_of_band_amount,
+        created_by=created_by[:200],
+        request_key=request_key,
+        created_at=now,
+    )
+    if draft.credit_amount:
+        note.credit_entry = credit_note_entry_locked(
+            customer_locked(invoice.customer_id),
+            amount=draft.credit_amount,
+            invoice=invoice,
+            at=now,
+            description=f"credit note on invoice {invoice.number or invoice.id}",
+        )
+    if draft.type == CreditNote.PRE_PAYMENT:
+        invoice.pre_payment_credit_notes_amount += draft.total
+        invoice.amount_due -= draft.total
+        invoice.save(update_fields=["pre_payment_credit_notes_amount", "amount_due"])
+        if invoice.amount_due == 0:
+            # Nothing left to pay: paid, as Stripe marks it, with the settled-without-charge record a zero
+            # amount gets; its dunning ends and its period advances as for any payment.
+            settle_without_charge_locked(invoice, customer_locked(invoice.customer_id), now=now)
+            if invoice.attempt_count:
+                dunning_services.stop_dunning(invoice, ended_at=now, recovered=True)
+            act_on_paid_locked(sub, invoice, now=now)
+    else:
+        invoice.post_payment_credit_notes_amount += draft.total
+        invoice.save(update_fields=["post_payment_credit_notes_amount"])
+    # The counter last (billing.lock_objects): after the customer's row the ledger and a settle took.
+    note.number = f"CN-{next_credit_note_number(invoice.tenant_id, invoice.livemode):06d}"
+    note.save(force_insert=True)
+    CreditNoteLineItem.objects.bulk_create(
+        CreditNoteLineItem(
+            credit_note=note, invoice_line_item=line, amount=amount, quantity=quantity, description=text[:500]
+        )
+        for line, amount, quantity, text in draft.lines
+    )
+    refund = None
+    if draft.refund_amount:
+        refund = Refund.objects.create(
+            tenant_id=invoice.tenant_id,
+            livemode=invoice.livemode,
+            credit_note=note,
+            invoice=invoice,
+            amount=draft.refund_amount,
+            currency=invoice.currency,
+            payment_intent_id=invoice.payment_intent_id,
+            idempotency_key=gw.refund_key(note.id),
+            started_at=database_now(),
+        )
+    credit_note_event(note, "credit_note.created", created_at=now)
+    return note, refund
 
 
 def void_credit_note(credit_note_id: str, *, tenant_id: str, livemode: bool) -> CreditNote:
@@ -534,6 +562,22 @@ def record_refund(refund_id: str, result: gw.RefundResult) -> Refund:
         return refund
 
 
+def _stale() -> Q:
+    """Refunds whose sender is presumed dead: ``unknown`` past the in-flight window, ``pending`` past the poll."""
+    now = database_now()
+    return Q(outcome=Refund.UNKNOWN, started_at__lt=now - in_flight_window()) | Q(
+        outcome=Refund.PENDING, started_at__lt=now - pending_poll_interval()
+    )
+
+
+def _claim_stale(refund_id: str) -> bool:
+    """Take a stale refund to (re-)send it; False when it is not stale, or another caller took it first.
+
+    Taken by moving ``started_at``: a second caller's UPDATE waits for the first's row lock, then re-reads the
+    row, no longer stale, and takes nothing; so one refund is sent by one of them at a time."""
+    return bool(Refund.objects.filter(_stale(), pk=refund_id).update(started_at=database_now()))
+
+
 def reconcile_refunds(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 200) -> dict[str, int]:
     """The billing reconciler's refund pass for one mode: refunds left ``unknown`` longer than the in-flight
     window (their sender died, or timed out) are re-sent under their key (or looked up first, once the key
@@ -541,20 +585,13 @@ def reconcile_refunds(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 2
 
     Returns ``{"refunds_resolved": n, "refunds_unresolved": m}``.
     """
-    now = database_now()
-    stale = Q(outcome=Refund.UNKNOWN, started_at__lt=now - in_flight_window()) | Q(
-        outcome=Refund.PENDING, started_at__lt=now - pending_poll_interval()
-    )
     counts = {"refunds_resolved": 0, "refunds_unresolved": 0}
     for refund_id in (
-        Refund.objects.filter(stale, livemode=livemode).order_by("started_at").values_list("id", flat=True)[:limit]
+        Refund.objects.filter(_stale(), livemode=livemode).order_by("started_at").values_list("id", flat=True)[:limit]
     ):
         if not fence.alive():
             break
-        # Taken by moving started_at: a second reconciler's UPDATE waits for the first's row lock, then
-        # re-reads the row, no longer stale, and takes nothing; so one refund is sent by one of them.
-        claimed = Refund.objects.filter(stale, pk=refund_id).update(started_at=database_now())
-        if not claimed:
+        if not _claim_stale(refund_id):
             continue
         refund = send_refund(refund_id)
         counts["refunds_resolved" if refund.outcome != Refund.UNKNOWN else "refunds_unresolved"] += 1

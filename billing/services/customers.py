@@ -24,7 +24,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
     """Change the given fields of a customer (``email``, ``name``, ``external_id``,
     ``default_payment_method``, ``metadata``; ``metadata`` replaces the whole set); returns it. ``coupon``: a
     coupon id to apply as the customer's discount, or None to delete its discount
-    (:mod:`billing.services.discounts`), in the same transaction.
+    (:mod:`billing.services.discounts`), in the same transaction; ``coupon_param`` names it in a refusal.
 
     Emits ``customer.updated`` when something changed (nothing is written otherwise). A changed
     ``default_payment_method`` makes the customer's active dunning runs due at once. Raises
@@ -32,6 +32,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
     ``TypeError`` for a field that cannot be changed.
     """
     coupon = changes.pop("coupon", KEEP)
+    coupon_param = changes.pop("coupon_param", "coupon")
     unknown = set(changes) - set(UPDATABLE_FIELDS)
     if unknown:
         raise TypeError(f"cannot update customer fields {sorted(unknown)}")
@@ -42,7 +43,7 @@ def update_customer(*, tenant_id: str, livemode: bool, customer_id: str, **chang
             if coupon is None:
                 end_customer_discount_locked(customer, at=at)
             else:
-                apply_to_customer_locked(customer, coupon, at=at)
+                apply_to_customer_locked(customer, coupon, at=at, param=coupon_param)
         changed = [name for name, value in changes.items() if getattr(customer, name) != value]
         if not changed:
             return customer

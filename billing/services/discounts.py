@@ -294,6 +294,28 @@ def apply_to_subscription_locked(
     return discount
 
 
+def refuse_other_currency(customer: Customer, currency: str, *, param: str) -> None:
+    """Refuse billing ``customer`` in ``currency`` while its discount is an ``amount_off`` coupon in another one.
+
+    A customer's ``amount_off`` coupon is accepted while the customer has no currency yet (none to compare
+    with); a first subscription in another currency would then never take it. Stripe refuses that
+    subscription ("cannot combine currencies on a single customer" with a discount in another currency), and
+    so does this: :class:`InvalidRequestError` ``coupon_currency_mismatch`` naming ``param`` (the request's
+    ``price`` or ``items``). docs/decisions/0210. Call it with the customer locked.
+    """
+    if customer.discount_id is None:
+        return
+    coupon = Discount.objects.select_related("coupon").get(pk=customer.discount_id).coupon
+    if coupon.amount_off is not None and coupon.currency != currency:
+        raise InvalidRequestError(
+            f"The customer's discount takes {coupon.currency} off (coupon '{coupon.id}'); a subscription in "
+            f"{currency} would never take it. A customer is billed in one currency: delete the discount first, or "
+            f"subscribe in {coupon.currency}.",
+            code="coupon_currency_mismatch",
+            param=param,
+        )
+
+
 def set_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str, coupon_id: str | None) -> Customer:
     """``POST /v1/customers/{id}`` with ``coupon``/``discounts``: apply ``coupon_id``, or (None) delete the discount.
 
@@ -319,25 +341,27 @@ def end_customer_discount_locked(customer: Customer, *, at: datetime) -> Discoun
 
 
 def set_subscription_discount(
-    *, tenant_id: str, livemode: bool, subscription_id: str, coupon_id: str | None
+    *, tenant_id: str, livemode: bool, subscription_id: str, coupon_id: str | None, coupon_param: str = "coupon"
 ) -> Subscription:
-    """As :func:`set_customer_discount`, for a subscription's own discount."""
+    """As :func:`set_customer_discount`, for a subscription's own discount (``coupon_param`` names it in a refusal)."""
     with transaction.atomic():
         sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
-        set_subscription_discount_locked(sub, coupon_id, at=_now(sub.test_clock))
+        set_subscription_discount_locked(sub, coupon_id, at=_now(sub.test_clock), param=coupon_param)
     return sub
 
 
-def set_subscription_discount_locked(sub: Subscription, coupon_id: str | None, *, at: datetime) -> None:
+def set_subscription_discount_locked(
+    sub: Subscription, coupon_id: str | None, *, at: datetime, param: str = "coupon"
+) -> None:
     """Apply ``coupon_id`` as the subscription's discount, or (None) delete it, inside the caller's transaction
-    (subscription row locked, its price loaded; the customer is locked here, after it)."""
+    (subscription row locked, its price loaded; the customer is locked here, after it). Errors name ``param``."""
     if coupon_id is None:
         if _end_locked(sub.discount_id, at=at) is not None:
             sub.discount = None
             sub.save(update_fields=["discount", "updated_at"])
         return
     customer = customer_qs_select_for_update().get(pk=sub.customer_id)
-    apply_to_subscription_locked(sub, customer, coupon_id, at=at)
+    apply_to_subscription_locked(sub, customer, coupon_id, at=at, param=param)
 
 
 def delete_customer_discount(*, tenant_id: str, livemode: bool, customer_id: str) -> Discount:

@@ -190,3 +190,65 @@ def test_a_discount_with_a_change_of_items_is_one_transaction_refused_whole(api)
     )
     assert status == 200, changed
     assert changed["discount"]["coupon"]["id"] == coupon["id"] and changed["items"]["data"][0]["quantity"] == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "param"), [("coupon", "coupon"), ("discounts", "discounts[0][coupon]")], ids=["coupon", "discounts"]
+)
+def test_an_amount_off_coupon_in_another_currency_is_refused_naming_the_field_the_body_used(api, field, param):
+    _, eur = api.post("/v1/coupons", {"amount_off": 500, "currency": "eur"})
+    _, usd = api.post("/v1/coupons", {"amount_off": 500, "currency": "usd"})
+    _, customer = api.post("/v1/customers", {"email": "a@example.com"})
+    _, price = api.post("/v1/prices", {"amount": 1000, "currency": "usd", "interval": "month"})
+    _, sub = api.post("/v1/subscriptions", {"customer": customer["id"], "price": price["id"]})
+    item = sub["items"]["data"][0]["id"]
+
+    def body(coupon_id: str) -> dict:
+        return {"coupon": coupon_id} if field == "coupon" else {"discounts": [{"coupon": coupon_id}]}
+
+    # The customer is billed in usd (its subscription's currency) and the subscription is usd: eur is refused on
+    # either, on a new subscription, and with a change of items, each naming the body's field.
+    requests = [
+        (f"/v1/customers/{customer['id']}", body(eur["id"])),
+        (f"/v1/subscriptions/{sub['id']}", body(eur["id"])),
+        (f"/v1/subscriptions/{sub['id']}", {**body(eur["id"]), "items": [{"id": item, "quantity": 2}]}),
+        ("/v1/subscriptions", {"customer": customer["id"], "price": price["id"], **body(eur["id"])}),
+    ]
+    for path, request in requests:
+        status, error = api.post(path, request)
+        assert (status, error["error"]["code"], error["error"]["param"]) == (422, "coupon_currency_mismatch", param)
+    assert Coupon.objects.get(pk=eur["id"]).times_redeemed == 0 and not Discount.objects.exists()
+    assert Subscription.objects.count() == 1 and sub["items"]["data"][0]["quantity"] == 1
+    assert api.get(f"/v1/subscriptions/{sub['id']}")[1]["items"]["data"][0]["quantity"] == 1
+    # A coupon that is not there (deleted) is named the same way.
+    _, gone = api.post("/v1/coupons", {"percent_off": 10})
+    api.delete(f"/v1/coupons/{gone['id']}")
+    status, error = api.post(f"/v1/customers/{customer['id']}", body(gone["id"]))
+    assert (status, error["error"]["param"]) == (404, param)
+
+    # Negative control: the same requests with the usd coupon are accepted.
+    status, updated = api.post(f"/v1/customers/{customer['id']}", body(usd["id"]))
+    assert (status, updated["discount"]["coupon"]["id"]) == (200, usd["id"])
+    status, updated = api.post(f"/v1/subscriptions/{sub['id']}", body(usd["id"]))
+    assert (status, updated["discount"]["coupon"]["id"]) == (200, usd["id"])
+
+
+def test_a_customer_without_a_currency_takes_any_coupon_which_then_decides_its_subscriptions_currency(api):
+    _, eur = api.post("/v1/coupons", {"amount_off": 500, "currency": "eur"})
+    _, usd_price = api.post("/v1/prices", {"amount": 1000, "currency": "usd", "interval": "month"})
+    _, eur_price = api.post("/v1/prices", {"amount": 1000, "currency": "eur", "interval": "month"})
+    status, customer = api.post("/v1/customers", {"email": "a@example.com", "discounts": [{"coupon": eur["id"]}]})
+    assert (status, customer["discount"]["coupon"]["id"]) == (201, eur["id"])
+
+    for request, param in (({"price": usd_price["id"]}, "price"), ({"items": [{"price": usd_price["id"]}]}, "items")):
+        status, error = api.post("/v1/subscriptions", {"customer": customer["id"], **request})
+        assert (status, error["error"]["code"], error["error"]["param"]) == (422, "coupon_currency_mismatch", param)
+    assert not Subscription.objects.exists() and Customer.objects.get(pk=customer["id"]).currency == ""
+
+    status, sub = api.post("/v1/subscriptions", {"customer": customer["id"], "price": eur_price["id"]})
+    assert status == 201, sub
+    # Negative control: without the discount a usd subscription would be refused for the customer's currency
+    # (eur, set by its first subscription), not for the coupon.
+    assert api.delete(f"/v1/customers/{customer['id']}/discount")[0] == 200
+    status, error = api.post("/v1/subscriptions", {"customer": customer["id"], "price": usd_price["id"]})
+    assert (status, error["error"]["code"]) == (422, "currency_mismatch")

@@ -128,7 +128,8 @@ def _unthrottled(settings):
 @pytest.fixture
 def seeded(fuzz_tenant):
     """Objects the lists find for the links to start from: a customer with a card, a price, a subscription,
-    an open invoice of it, a test clock, a webhook endpoint (whose events make deliveries)."""
+    an open invoice of it with a credit note (so the credit notes' retrieve, void and pdf are reached), a coupon,
+    a test clock, a webhook endpoint (whose events make deliveries)."""
     api = Api(FUZZ_KEY)
     endpoint = {"url": "https://example.com/hardcount", "enabled_events": ["*"]}
     status, body = api.post("/v1/webhook_endpoints", endpoint)
@@ -136,7 +137,11 @@ def seeded(fuzz_tenant):
     catalog = create_catalog(api)
     status, _ = api.post(f"/v1/customers/{catalog['customer']['id']}", {"default_payment_method": "pm_card_visa"})
     assert status == 200
-    create_invoice(catalog["subscription"]["id"])
+    invoice = create_invoice(catalog["subscription"]["id"])
+    status, body = api.post("/v1/credit_notes", {"invoice": invoice.id, "amount": 100, "reason": "order_change"})
+    assert status == 201, body
+    status, body = api.post("/v1/coupons", {"percent_off": 10, "duration": "once"})
+    assert status == 201, body
     status, body = api.post("/v1/test_clocks", {"frozen_time": "2026-01-01T00:00:00Z"})
     assert status == 201, body
     # Django's test client connects the per-request connection closing again after each request.

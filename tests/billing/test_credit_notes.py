@@ -225,6 +225,23 @@ def test_credit_notes_past_the_invoice_total_are_refused(book):
     assert invoice.post_payment_credit_notes_amount == 1000
 
 
+def test_numbers_are_gapless_per_tenant_a_refusal_takes_none_and_a_void_keeps_its_own(book):
+    acme, globex = book.tenant("Acme"), book.tenant("Globex")
+    first, other = _paid(book, acme), _paid(book, globex)
+
+    one = _create(first, amount=100, credit_amount=100)
+    with pytest.raises(InvalidRequestError):
+        _create(first, amount=5000, out_of_band_amount=5000)  # past the total: refused, no number taken
+    two = _create(first, amount=100, out_of_band_amount=100)
+    void_credit_note(one.id, tenant_id=acme.id, livemode=False)
+    three = _create(first, amount=100, out_of_band_amount=100)
+    elsewhere = _create(other, amount=100, out_of_band_amount=100)
+
+    assert [n.number for n in (one, two, three)] == ["CN-000001", "CN-000002", "CN-000003"]
+    assert CreditNote.objects.get(pk=one.pk).status == CreditNote.VOID  # voided, its number kept
+    assert elsewhere.number == "CN-000001"  # another tenant counts on its own
+
+
 def _race(invoice, *, hold_first: bool = True) -> list:
     """Two credit notes of 600 on a 1000 invoice from two connections: the first holds its transaction open after
     its check until the second has started. Returns each one's result (a credit note, or the exception)."""

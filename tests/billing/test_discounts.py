@@ -368,3 +368,48 @@ def test_the_upcoming_invoice_shows_the_discount_and_writes_nothing(book, tenant
     assert [line.discount_amount for line in lines] == [1000]
     assert not Invoice.objects.exists()
     assert Discount.objects.get().invoice_id is None
+
+
+# ---------------------------------------------------------------------------------------
+# amount_off coupons and the customer's currency (docs/decisions/0210)
+
+
+def _create_subscription(price, customer_id):
+    from billing.services.catalog import create_subscription
+
+    return create_subscription(tenant_id=price.tenant_id, livemode=False, customer_id=customer_id, price_id=price.id)
+
+
+def test_a_customer_discount_in_another_currency_refuses_the_subscription_it_would_never_discount(book, tenant):
+    customer = book.customer(tenant)
+    Customer.objects.filter(pk=customer.pk).update(currency="")  # no subscription yet: no currency to compare with
+    euros = _coupon(tenant, amount_off=500, currency="eur")
+    _on_customer(customer.id, euros)  # accepted: nothing says yet which currency the customer will be billed in
+
+    with pytest.raises(InvalidRequestError) as refused:
+        _create_subscription(book.price(tenant, amount=1000, currency="usd"), customer.id)
+
+    assert (refused.value.code, refused.value.param) == ("coupon_currency_mismatch", "price")
+    assert Customer.objects.get(pk=customer.pk).currency == ""
+    assert not Invoice.objects.exists() and not customer.subscriptions.exists()
+    # In the coupon's currency it is taken and discounts: 1000 - 500 = 500 charged.
+    sub = _create_subscription(book.price(tenant, amount=1000, currency="eur"), customer.id)
+    _drain(tenant)
+    invoice = _invoice(sub)
+    assert (invoice.currency, invoice.total_discount, invoice.total, invoice.amount_paid) == ("eur", 500, 500, 500)
+
+
+def test_negative_control_without_the_refusal_the_other_currencys_invoice_silently_takes_nothing_off(
+    book, tenant, monkeypatch
+):
+    customer = book.customer(tenant)
+    Customer.objects.filter(pk=customer.pk).update(currency="")
+    _on_customer(customer.id, _coupon(tenant, amount_off=500, currency="eur"))
+    monkeypatch.setattr(discounts, "refuse_other_currency", lambda *args, **kwargs: None)
+
+    sub = _create_subscription(book.price(tenant, amount=1000, currency="usd"), customer.id)
+    _drain(tenant)
+
+    invoice = _invoice(sub)
+    assert (invoice.total_discount, invoice.total, invoice.amount_paid) == (0, 1000, 1000)
+    assert Customer.objects.get(pk=customer.pk).discount_id is not None  # the discount is there, and took nothing

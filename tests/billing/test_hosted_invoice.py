@@ -281,3 +281,30 @@ def test_in_a_browser_the_page_confirms_the_payment_with_stripe_js_and_a_revoked
     revoked = page.goto(url)
     assert revoked.status == 404
     assert "not valid" in page.content() and invoice.number not in page.content()
+
+
+def test_in_a_browser_a_paid_invoice_shows_paid_offers_no_payment_step_and_its_pdf_link_works(
+    book, acme, settings, live_server, stub_stripe_js, browser
+):
+    settings.HARDCOUNT_PUBLIC_URL = live_server.url
+    settings.HARDCOUNT_STRIPE_JS_URL = stub_stripe_js
+    settings.STRIPE_PUBLISHABLE_KEY = "pk_test_hardcount"
+    invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
+    assert invoice.status == Invoice.PAID
+    url = Api(acme.test).get(f"/v1/invoices/{invoice.id}")[1]["hosted_invoice_url"]
+    page = browser.new_page()
+    violations = []
+    page.on("console", lambda message: violations.append(message.text) if "Content Security" in message.text else None)
+
+    response = page.goto(url)
+
+    assert response.status == 200
+    assert page.locator(".headline .amount").inner_text() == "$19.99 paid"
+    assert invoice.number in page.locator("table.dates").inner_text()
+    # No pending action: no button, and Stripe.js is never loaded (the stub would define window.Stripe).
+    assert page.locator("#confirm-payment").count() == 0
+    assert page.evaluate("() => typeof window.Stripe") == "undefined"
+    pdf = page.request.get(url + "/pdf")
+    assert (pdf.status, pdf.headers["content-type"]) == (200, "application/pdf")
+    assert pdf.body() == Api(acme.test).response("get", f"/v1/invoices/{invoice.id}/pdf").content
+    assert violations == []

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import io
 import os
+import types
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from billing.models import Customer, Invoice
 from billing.services.drain import drain_due
@@ -77,6 +79,16 @@ def _ink_ratio(pdf_bytes: bytes) -> float:
     return 1 - sum(histogram[245:]) / (image.width * image.height)
 
 
+def _png_pages(pdf_bytes: bytes) -> list[bytes]:
+    """Each page rendered at 72 dpi, as PNG bytes."""
+    pages = []
+    for page in pdfium.PdfDocument(pdf_bytes):
+        out = io.BytesIO()
+        page.render(scale=1).to_pil().save(out, format="PNG")
+        pages.append(out.getvalue())
+    return pages
+
+
 def save_docs_image(name: str, write) -> None:
     """With ``HARDCOUNT_DOCS_IMAGES`` set to a directory (``docs``), ``write(path)`` saves the image the docs show."""
     directory = os.environ.get("HARDCOUNT_DOCS_IMAGES")
@@ -126,10 +138,19 @@ def test_a_eur_invoice_pdf_has_its_tax_rate_and_euro_amounts(book, acme, setting
     # 20 % of 12.99 is 2.598, rounded half up to 2.60.
     assert (invoice.subtotal, invoice.tax, invoice.total) == (1299, 260, 1559)
 
-    text = _text(_pdf(acme, invoice.id).content)
+    content = _pdf(acme, invoice.id).content
+    text = _text(content)
 
     assert "€12.99" in text and "Tax (20%)" in text and "€2.60" in text and "€15.59" in text
     assert "Amounts in EUR" in text
+    # Every page renders to a PNG with ink on it (A4, 595.28 × 841.89 points, at 72 dpi: 596 × 842 pixels).
+    pages = _png_pages(content)
+    assert len(pages) == len(pypdf.PdfReader(io.BytesIO(content)).pages) >= 1
+    for png in pages:
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        image = Image.open(io.BytesIO(png)).convert("L")
+        assert image.size == (596, 842)
+        assert 0.005 < 1 - sum(image.histogram()[245:]) / (596 * 842) < 0.3
 
 
 def test_a_jpy_invoice_pdf_has_no_minor_digits_and_shows_the_credit_applied(book, acme):
@@ -160,6 +181,31 @@ def test_two_renders_of_one_invoice_are_the_same_bytes_dated_by_the_invoice(book
     identifier = reader.trailer["/ID"][0]
     other = _billed(book, acme.tenant, amount=1999, currency="usd")
     assert pypdf.PdfReader(io.BytesIO(_pdf(acme, other.id).content)).trailer["/ID"][0] != identifier
+
+
+def test_renders_an_hour_apart_are_the_same_bytes_when_fonts_are_subset_by_fonttools(book, acme, monkeypatch):
+    """Without HarfBuzz-Subset WeasyPrint subsets fonts with fontTools, which stamps each font with the time of the
+    render; the renderer pins that stamp. The clock fontTools reads is moved an hour between two renders."""
+    import weasyprint.pdf.fonts
+    from fontTools.misc import timeTools
+
+    from billing import documents
+
+    invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
+    monkeypatch.setattr(weasyprint.pdf.fonts, "harfbuzz_subset", None)  # the fontTools path, on any system
+    ticks = iter(range(1_800_000_000, 1_900_000_000, 3600))
+    monkeypatch.setattr(timeTools, "time", types.SimpleNamespace(time=lambda: next(ticks)))
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+
+    first = documents.render_invoice_pdf(invoice)
+    second = documents.render_invoice_pdf(invoice)
+
+    assert first == second
+    # Negative control: the same HTML through WeasyPrint without the pin differs an hour later.
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    html = documents.render_html(documents.invoice_document(invoice))
+    unpinned = [weasyprint.HTML(string=html).write_pdf(pdf_identifier=b"0" * 32) for _ in range(2)]
+    assert unpinned[0] != unpinned[1]
 
 
 def test_a_draft_has_no_document_and_another_tenants_invoice_is_404(book, acme, globex, settings):

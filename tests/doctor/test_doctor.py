@@ -890,6 +890,17 @@ def test_a_line_discount_above_its_amount_is_found(world, db):
     )
 
 
+def test_a_line_discount_of_the_other_sign_is_found_and_a_whole_line_off_is_not(world, db):
+    line = InvoiceLineItem.objects.filter(invoice_id=world.paid).first()
+    assert line.amount > 0
+    # A negative discount on a charge raises the line above what was billed for it.
+    InvoiceLineItem.objects.filter(pk=line.pk).update(discount_amount=-1)
+    assert_only({"line_discount_within_amount": [line.id], "invoice_discount_equals_lines": [world.paid]})
+    # The boundary: the whole line off (100 %) leaves it at zero, never below; only the invoice's sum is off.
+    InvoiceLineItem.objects.filter(pk=line.pk).update(discount_amount=line.amount)
+    assert_only({"invoice_discount_equals_lines": [world.paid]})
+
+
 def test_an_invoice_discount_that_is_not_its_lines_sum_is_found(world, db):
     line = InvoiceLineItem.objects.filter(invoice_id=world.paid).first()
     InvoiceLineItem.objects.filter(pk=line.pk).update(discount_amount=1)

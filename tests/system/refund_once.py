@@ -10,6 +10,10 @@ SIGKILLing itself (no ``finally``, no rollback by Python) at:
   not been called;
 - ``after_refund_sent``: the gateway answered the refund (it exists there); nothing of the answer is recorded.
 
+With ``--api-key K --idempotency-key I`` the same body goes through ``POST /v1/credit_notes`` instead (Django's
+test client, the tenant's key, that ``Idempotency-Key``), as a web worker serves it: the request's claim on the
+key is left in flight by the kill.
+
 The points wrap the module globals the service calls (``credit_notes.send_refund``, ``credit_notes.record_refund``),
 so the service carries no seam for them.
 """
@@ -17,6 +21,7 @@ so the service carries no seam for them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -45,6 +50,8 @@ def main() -> None:
     parser.add_argument("--invoice", required=True)
     parser.add_argument("--amount", type=int, required=True)
     parser.add_argument("--kill-at", choices=KILL_POINTS, required=True)
+    parser.add_argument("--api-key")
+    parser.add_argument("--idempotency-key")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -57,10 +64,22 @@ def main() -> None:
     from hardcount import tenancy
 
     connection.ensure_connection()
-    tenancy.enter(args.tenant, False)
     _arm(args.kill_at)
     print("ready", flush=True)
     sys.stdin.readline()
+    if args.api_key:
+        from django.test import Client
+
+        Client().post(
+            "/v1/credit_notes",
+            data=json.dumps({"invoice": args.invoice, "amount": args.amount, "refund_amount": args.amount}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {args.api_key}",
+            HTTP_IDEMPOTENCY_KEY=args.idempotency_key,
+        )
+        print("not killed", flush=True)
+        return
+    tenancy.enter(args.tenant, False)
     create_credit_note(
         args.invoice, tenant_id=args.tenant, livemode=False, amount=args.amount, refund_amount=args.amount
     )
