@@ -358,6 +358,13 @@ class SubscriptionUpdate(StrictSerializer):
         allow_null=True,
         help_text='Pause payment collection (an object), or resume it (`null` or `""`).',
     )
+    cancel_at_period_end = StrictBooleanField(
+        required=False,
+        help_text="Stripe's: `true` cancels the subscription at the end of its current period, `false` withdraws a "
+        "cancellation so scheduled (the subscription renews). Sent alone (422 `cancel_with_changes` with `items`, "
+        "`pause_collection`, a discount, `billing_cycle_anchor: now`, `proration_date` or `effective_at`); 409 "
+        "`subscription_canceled` once it has ended.",
+    )
     coupon = coupon_field()
     discounts = discounts_field()
 
@@ -366,7 +373,10 @@ class SubscriptionCancel(StrictSerializer):
     at_period_end = StrictBooleanField(
         required=False,
         default=False,
-        help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
+        help_text="false (default): cancel now, as Stripe's `DELETE /v1/subscriptions/{id}` does (also when a "
+        "cancellation at period end is scheduled). true: keep the subscription until its current period ends "
+        "(the same as `cancel_at_period_end: true` on `POST /v1/subscriptions/{id}`, which with `false` "
+        "withdraws it).",
     )
     prorate = StrictBooleanField(
         required=False,
