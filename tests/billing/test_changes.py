@@ -99,6 +99,14 @@ def test_an_upgrade_in_jpy_rounds_each_line_once_half_away_from_zero(book, acme,
         (2176, "jpy"),
     ]
 
+    # May's invoice: ¥3,333 − 640 + 2,176 = ¥4,869, charged as 4869 yen (never scaled to "cents").
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [line.amount for line in may.lines.all()] == [3333, -640, 2176]
+    assert (may.currency, may.total, may.amount_paid, may.status) == ("jpy", 4869, 4869, "paid")
+    charge = stripe_proxy.entries("POST /v1/payment_intents")[-1].request.params
+    assert (charge["amount"], charge["currency"]) == ("4869", "jpy")
+
 
 def test_a_jan_31_anchor_changed_on_feb_15_of_a_leap_year(book, acme, stripe_proxy):
     # The period is Jan 31 → Feb 29 2028 (29 days); Feb 15 leaves 14: credit −1000 × 14/29 = −482.76 → −483,
