@@ -146,6 +146,12 @@ def test_always_invoice_charges_a_quantity_change_once_even_when_retried(book, a
     assert PaymentAttempt.objects.filter(invoice=invoice, outcome="succeeded").count() == 1
     assert _item(sub).quantity == 5
     assert not InvoiceItem.objects.filter(invoice__isnull=True).exists()
+    # The immediate proration invoice is announced once, with its lines, as Stripe's invoice.created.
+    (created,) = events("invoice.created", data__id=invoice.id)
+    assert created.data["billing_reason"] == "subscription_update"
+    assert [(line["amount"], line["proration"]) for line in created.data["lines"]] == [(-1500, True), (2500, True)]
+    updated = [e for e in events("subscription.updated", data__id=sub.id) if "previous_attributes" in e.data]
+    assert [e.data["previous_attributes"]["items"]["data"][0]["quantity"] for e in updated] == [3]
 
 
 def test_none_applies_the_new_items_from_the_next_invoice_without_prorations(book, acme, stripe_proxy):
