@@ -222,9 +222,17 @@ class PriceCreate(StrictSerializer):
 MAX_QUANTITY = 10_000
 
 
+_CEILING_HELP = (
+    "`quantity × unit amount`, and the next invoice (the items' lines and the pending items it sweeps), at most "
+    "99,999,999 minor units (422 `amount_too_large`)."
+)
+
+
 class SubscriptionItemCreate(StrictSerializer):
     price = IdField("price", help_text=_ID_HELP)
-    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, default=1)
+    quantity = StrictIntegerField(
+        min_value=1, max_value=MAX_QUANTITY, required=False, default=1, help_text=_CEILING_HELP
+    )
 
 
 class SubscriptionCreate(StrictSerializer):
@@ -307,7 +315,7 @@ class PauseCollection(StrictSerializer):
 class SubscriptionItemUpdate(StrictSerializer):
     id = IdField("subscription_item", required=False, help_text="An item of this subscription; none: a new item.")
     price = IdField("price", required=False, help_text="The item's new price (a new item's price). " + _ID_HELP)
-    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, help_text=_CEILING_HELP)
     deleted = StrictBooleanField(required=False, default=False, help_text="true: remove the item `id`.")
 
 
@@ -340,7 +348,8 @@ class SubscriptionUpdate(StrictSerializer):
         required=False,
         default="immediately",
         help_text="`period_end`: nothing is prorated; the next period's invoice bills the new items (a scheduled "
-        "change, shown as `scheduled_change`).",
+        "change, shown as `scheduled_change`). 422 `effective_at_conflict` with `proration_date` or "
+        "`proration_behavior: always_invoice`.",
     )
     billing_cycle_anchor = StrictChoiceField(
         choices=["unchanged", "now"],
