@@ -370,7 +370,7 @@ def change_subscription(
     if request_key is not None and proration_behavior == ALWAYS_INVOICE:
         with transaction.atomic():
             sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
-            earlier = _earlier_change_invoice(sub, request_key, items, proration_date)
+            earlier = _earlier_change_invoice(sub, request_key, items)
         if earlier is not None:
             return _finish_earlier_change(sub, earlier)
     with transaction.atomic():
@@ -429,14 +429,11 @@ def request_change_key(subscription_id: str, request_key: str) -> str:
     return f"{subscription_id}:request:{digest}"
 
 
-def _earlier_change_invoice(
-    sub: Subscription, request_key: str, items: list[dict] | None, proration_date: int | None
-) -> Invoice | None:
+def _earlier_change_invoice(sub: Subscription, request_key: str, items: list[dict] | None) -> Invoice | None:
     """The invoice an earlier run of this request (same ``Idempotency-Key``, which the idempotency layer lets run
     again only once that run died mid-way) made, when the change it asks for is what the subscription has now and
     that invoice's period is not over; else None (the request is new, or the state moved on since: run it)."""
-    plan = plan_change(sub, items, proration_behavior=NONE, proration_date=proration_date)
-    if [(i.id, i.price_id, i.quantity) for i in plan.before] != [(i.id, i.price.id, i.quantity) for i in plan.after]:
+    if not _in_effect(sub, items):
         return None
     return (
         Invoice.objects.filter(
@@ -447,6 +444,30 @@ def _earlier_change_invoice(
         .exclude(status=Invoice.VOID)
         .first()
     )
+
+
+def _in_effect(sub: Subscription, requested: list[dict] | None) -> bool:
+    """Whether ``sub``'s items are already what ``requested`` (an update's ``items``) asks for: each named item has
+    the price and quantity asked (a deleted one is gone), each new item's price is there at the quantity asked.
+    (Re-planning would not do: a new item asked for again is a duplicate price.)"""
+    current = {item.id: item for item in sub.items.all()}
+    by_price = {item.price_id: item for item in current.values()}
+    for entry in requested or []:
+        if entry.get("id") is None:
+            item = by_price.get(entry.get("price"))
+            if item is None or item.quantity != (entry.get("quantity") or 1):
+                return False
+            continue
+        item = current.get(entry["id"])
+        if entry.get("deleted"):
+            if item is not None:
+                return False
+            continue
+        if item is None or (entry.get("price") or item.price_id) != item.price_id:
+            return False
+        if (entry.get("quantity") or item.quantity) != item.quantity:
+            return False
+    return True
 
 
 def _finish_earlier_change(sub: Subscription, invoice: Invoice) -> tuple[Subscription, Invoice]:
@@ -655,8 +676,7 @@ def _earlier_restart_invoice(sub: Subscription, request_key: str, items: list[di
     """The new period's invoice of an earlier run of this restart request (same ``Idempotency-Key``), when the cycle
     it started is still the subscription's, the items are as it left them and its first period is not over; else
     None."""
-    plan = plan_change(sub, items, proration_behavior=NONE)
-    if [(i.id, i.price_id, i.quantity) for i in plan.before] != [(i.id, i.price.id, i.quantity) for i in plan.after]:
+    if not _in_effect(sub, items):
         return None
     return (
         Invoice.objects.filter(

@@ -559,6 +559,13 @@ def _die(*args, **kwargs):
     raise _Killed
 
 
+def subscription_data_of(sub):
+    from billing.models import Subscription
+    from billing.representations import subscription_data
+
+    return subscription_data(Subscription.objects.get(pk=sub.pk))
+
+
 def _age_claim(tenant, key):
     """Make the dead request's claim of ``key`` older than the stale threshold, as waiting it out would."""
     from datetime import timedelta
@@ -570,26 +577,32 @@ def _age_claim(tenant, key):
     IdempotencyRecord.objects.filter(pk=record.pk).update(created_at=record.created_at - IN_FLIGHT_STALE - timedelta(1))
 
 
+@pytest.mark.parametrize("change", ["quantity", "new_item"])
 def test_a_keyed_always_invoice_retried_after_its_request_died_before_the_charge_charges_once_and_changes_nothing(
-    book, acme, stripe_proxy, monkeypatch
+    book, acme, stripe_proxy, monkeypatch, change
 ):
-    # 3 → 5 seats of 1000 on Apr 16 00:00 (half of April left): −1500 + 2500 = 1000, invoiced at once. The request
-    # dies after the change's transaction committed, before the charge.
+    # On Apr 16 00:00 (half of April left), invoiced at once: 3 → 5 seats of 1000, −1500 + 2500 = 1000; or a new item
+    # of 2,999, 1,499.5 → 1,500. The request dies after the change's transaction committed, before the charge.
     from billing.services import changes
     from billing.services.drain import reconcile
 
     clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
     _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
     api = Api(acme.test)
-    body = {"items": [{"id": _item(sub).id, "quantity": 5}], "proration_behavior": "always_invoice"}
+    if change == "quantity":
+        items, total, lines = [{"id": _item(sub).id, "quantity": 5}], 1000, 2
+    else:  # asked again, the new item would be a second item of one price (422): the retry must not re-plan it
+        items, total, lines = [{"price": _pro(book, acme.tenant, 2999).id}], 1500, 1
+    body = {"items": items, "proration_behavior": "always_invoice"}
     key = {"Idempotency-Key": "seats-5-killed"}
     monkeypatch.setattr(changes, "pay_invoice", _die)
     with pytest.raises(_Killed):
         api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
     monkeypatch.undo()
     (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
-    assert (invoice.status, invoice.total, invoice.payment_attempts.count()) == ("open", 1000, 0)
+    assert (invoice.status, invoice.total, invoice.payment_attempts.count()) == ("open", total, 0)
     updates = len(events("subscription.updated", data__id=sub.id))
+    after = [(i["id"], i["price"]["id"], i["quantity"]) for i in subscription_data_of(sub)["items"]["data"]]
 
     # While the dead request's claim is fresh the key is in use (it might still be running).
     status, error = api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
@@ -600,15 +613,15 @@ def test_a_keyed_always_invoice_retried_after_its_request_died_before_the_charge
 
     # The retry finishes the first run: its invoice charged, once; the change not made again, nothing emitted.
     assert status == 200, answer
-    assert [(i["id"], i["quantity"]) for i in answer["items"]["data"]] == [(_item(sub).id, 5)]
+    assert [(i["id"], i["price"]["id"], i["quantity"]) for i in answer["items"]["data"]] == after
     assert list(Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")) == [invoice]
     invoice.refresh_from_db()
-    assert (invoice.status, invoice.amount_paid) == ("paid", 1000)
-    assert invoice.change_key.startswith(f"{sub.id}:request:")
+    assert (invoice.status, invoice.amount_paid) == ("paid", total)
+    assert invoice.change_key == request_change_key(sub.id, "seats-5-killed")
     assert [a.outcome for a in invoice.payment_attempts.all()] == ["succeeded"]
-    charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == "1000"]
+    charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == str(total)]
     assert len(charges) == 1
-    assert InvoiceItem.objects.filter(subscription=sub).count() == 2
+    assert InvoiceItem.objects.filter(subscription=sub).count() == lines
     assert len(events("subscription.updated", data__id=sub.id)) == updates
     # The answer is stored now: the same key replays it; the reconciler finds nothing left to charge.
     assert api.post(f"/v1/subscriptions/{sub.id}", body, headers=key) == (200, answer)
