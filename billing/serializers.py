@@ -222,9 +222,17 @@ class PriceCreate(StrictSerializer):
 MAX_QUANTITY = 10_000
 
 
+_CEILING_HELP = (
+    "`quantity × unit amount`, and the next invoice (the items' lines and the pending items it sweeps), at most "
+    "99,999,999 minor units (422 `amount_too_large`)."
+)
+
+
 class SubscriptionItemCreate(StrictSerializer):
     price = IdField("price", help_text=_ID_HELP)
-    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, default=1)
+    quantity = StrictIntegerField(
+        min_value=1, max_value=MAX_QUANTITY, required=False, default=1, help_text=_CEILING_HELP
+    )
 
 
 class SubscriptionCreate(StrictSerializer):
@@ -307,7 +315,7 @@ class PauseCollection(StrictSerializer):
 class SubscriptionItemUpdate(StrictSerializer):
     id = IdField("subscription_item", required=False, help_text="An item of this subscription; none: a new item.")
     price = IdField("price", required=False, help_text="The item's new price (a new item's price). " + _ID_HELP)
-    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_QUANTITY, required=False, help_text=_CEILING_HELP)
     deleted = StrictBooleanField(required=False, default=False, help_text="true: remove the item `id`.")
 
 
@@ -340,7 +348,8 @@ class SubscriptionUpdate(StrictSerializer):
         required=False,
         default="immediately",
         help_text="`period_end`: nothing is prorated; the next period's invoice bills the new items (a scheduled "
-        "change, shown as `scheduled_change`).",
+        "change, shown as `scheduled_change`). 422 `effective_at_conflict` with `proration_date` or "
+        "`proration_behavior: always_invoice`.",
     )
     billing_cycle_anchor = StrictChoiceField(
         choices=["unchanged", "now"],
@@ -358,6 +367,13 @@ class SubscriptionUpdate(StrictSerializer):
         allow_null=True,
         help_text='Pause payment collection (an object), or resume it (`null` or `""`).',
     )
+    cancel_at_period_end = StrictBooleanField(
+        required=False,
+        help_text="Stripe's: `true` cancels the subscription at the end of its current period, `false` withdraws a "
+        "cancellation so scheduled (the subscription renews). Sent alone (422 `cancel_with_changes` with `items`, "
+        "`pause_collection`, a discount, `billing_cycle_anchor: now`, `proration_date` or `effective_at`); 409 "
+        "`subscription_canceled` once it has ended.",
+    )
     coupon = coupon_field()
     discounts = discounts_field()
 
@@ -366,7 +382,10 @@ class SubscriptionCancel(StrictSerializer):
     at_period_end = StrictBooleanField(
         required=False,
         default=False,
-        help_text="false (default): cancel now. true: keep the subscription until its current period ends.",
+        help_text="false (default): cancel now, as Stripe's `DELETE /v1/subscriptions/{id}` does (also when a "
+        "cancellation at period end is scheduled). true: keep the subscription until its current period ends "
+        "(the same as `cancel_at_period_end: true` on `POST /v1/subscriptions/{id}`, which with `false` "
+        "withdraws it).",
     )
     prorate = StrictBooleanField(
         required=False,

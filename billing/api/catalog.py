@@ -198,6 +198,8 @@ class SubscriptionDetailView(ApiView):
         data = self.read_body(s.SubscriptionUpdate)
         self.get_scoped(Subscription, id, kind="subscription")
         coupon, coupon_param = coupon_change(data)
+        if "cancel_at_period_end" in data:
+            return Response(subscription_data(self._update_cancel_at_period_end(id, data, coupon)))
         if "pause_collection" in data:
             if data["billing_cycle_anchor"] != changes.ANCHOR_UNCHANGED:
                 raise InvalidRequestError(
@@ -238,8 +240,36 @@ class SubscriptionDetailView(ApiView):
             billing_cycle_anchor=data["billing_cycle_anchor"],
             coupon=coupon,
             coupon_param=coupon_param,
+            request_key=self.idempotency_key,
         )
         return Response(subscription_data(subscription))
+
+    def _update_cancel_at_period_end(self, subscription_id: str, data: dict, coupon: object) -> Subscription:
+        """The body's ``cancel_at_period_end``, sent alone (docs/decisions/0199)."""
+        others = [
+            name
+            for name, given in (
+                ("items", "items" in data),
+                ("pause_collection", "pause_collection" in data),
+                ("coupon", coupon is not KEEP),
+                ("billing_cycle_anchor", data["billing_cycle_anchor"] != changes.ANCHOR_UNCHANGED),
+                ("proration_date", "proration_date" in data),
+                ("effective_at", data["effective_at"] != "immediately"),
+            )
+            if given
+        ]
+        if others:
+            raise InvalidRequestError(
+                f"Send cancel_at_period_end and {others[0]} as separate requests.",
+                code="cancel_with_changes",
+                param="cancel_at_period_end",
+            )
+        return catalog.set_cancel_at_period_end(
+            tenant_id=self.tenant.pk,
+            livemode=self.livemode,
+            subscription_id=subscription_id,
+            cancel_at_period_end=data["cancel_at_period_end"],
+        )
 
     def _update_pause_collection(self, subscription_id: str, pause_collection: dict | None) -> Subscription:
         """The body's ``pause_collection`` (docs/reference/billing.md#pausing-collection)."""
@@ -344,7 +374,7 @@ class InvoiceUpcomingView(ApiView):
 
 # A JSON array inside a query string: its shape is a rule the OpenAPI document states in prose only.
 PROPOSED_ITEMS_CODES = business_rule_codes("items_invalid")
-UPDATE_CODES = business_rule_codes("pause_with_items", "pause_with_discount")
+UPDATE_CODES = business_rule_codes("pause_with_items", "pause_with_discount", "cancel_with_changes")
 
 
 def _proposed_items(raw: str) -> list[dict]:

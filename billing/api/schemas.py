@@ -48,7 +48,8 @@ class InvoiceItemCreate(StrictSerializer):
     amount = NonZeroAmountField(
         min_value=-MAX_AMOUNT,
         max_value=MAX_AMOUNT,
-        help_text="Signed minor units of `currency`, not 0: negative is a credit on the next invoice.",
+        help_text="Signed minor units of `currency`, not 0: negative is a credit on the next invoice. 422 "
+        "`amount_too_large` when the invoice that would sweep it would exceed 99,999,999.",
     )
     currency = StrictChoiceField(choices=CURRENCIES, help_text="The customer's billing currency.")
     description = StrictCharField(max_length=500, required=False, allow_blank=True, default="")

@@ -20,11 +20,13 @@ from billing.events import customer_event, price_event, subscription_event
 from billing.lock_objects import customer_qs_select_for_update, subscription_qs_select_for_update
 from billing.models import Customer, Price, Subscription, SubscriptionItem, TestClock
 from billing.periods import INTERVALS, period_start
-from billing.services import discounts
+from billing.representations import iso, subscription_data
+from billing.services import ceilings, discounts
 from billing.services.usage import validate_usage_terms
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import CURRENCY_EXPONENTS, MAX_AMOUNT
 from hardcount.times import database_now
+from outbox.services import emit_for
 
 # Codes of the 422s this module raises for requests whose every field is well-formed on its own
 # (cross-field and time-relative rules the OpenAPI document can only describe in prose).
@@ -245,6 +247,8 @@ def create_subscription(
             noun="customer",
         )
         wanted = resolve_items(tenant_id=tenant_id, livemode=livemode, price_id=price_id, items=items)
+        for index, (item_price, quantity) in enumerate(wanted):
+            ceilings.check_line(item_price, quantity, param="price" if items is None else f"items[{index}][quantity]")
         price = wanted[0][0]
         if customer.currency and customer.currency != price.currency:
             raise InvalidRequestError(
@@ -297,6 +301,8 @@ def create_subscription(
             )
             for item_price, quantity in wanted
         )
+        # The first invoice sweeps the customer's pending items too: refused whole if it could not be charged.
+        ceilings.check_next_invoice(subscription, param="price" if items is None else "items")
         if coupon_id is not None:
             discounts.apply_to_subscription_locked(subscription, customer, coupon_id, at=now, param=coupon_param)
         subscription_event(subscription, "subscription.created", created_at=now)
@@ -425,21 +431,60 @@ def cancel_subscription(
             )
         now = billing_now(subscription.test_clock)
         if at_period_end:
-            if subscription.cancel_at_period_end:
-                return subscription
-            subscription.cancel_at_period_end = True
-            subscription.canceled_at = now
-            subscription.save(update_fields=["cancel_at_period_end", "canceled_at", "updated_at"])
-            event_type = "subscription.updated"
-        else:
-            subscription.status = Subscription.CANCELED
-            subscription.canceled_at = now
-            subscription.ended_at = now
-            subscription.next_billing_at = None
-            subscription.save(update_fields=["status", "canceled_at", "ended_at", "next_billing_at", "updated_at"])
-            event_type = "subscription.canceled"
-        subscription_event(subscription, event_type, created_at=now)
+            _set_cancel_at_period_end_locked(subscription, True, now)
+            return subscription
+        subscription.status = Subscription.CANCELED
+        subscription.canceled_at = now
+        subscription.ended_at = now
+        subscription.next_billing_at = None
+        subscription.save(update_fields=["status", "canceled_at", "ended_at", "next_billing_at", "updated_at"])
+        subscription_event(subscription, "subscription.canceled", created_at=now)
     return subscription
+
+
+def set_cancel_at_period_end(
+    *, tenant_id: str, livemode: bool, subscription_id: str, cancel_at_period_end: bool
+) -> Subscription:
+    """``cancel_at_period_end`` of ``POST /v1/subscriptions/{id}``, as Stripe's: True schedules the cancellation at the
+    end of the current period (as :func:`cancel_subscription` with ``at_period_end``), False undoes a scheduled one.
+
+    Under the subscription's row lock (the close that would end it takes the same lock, so it ends the period
+    before or after, never half). A change emits ``subscription.updated`` with ``previous_attributes``
+    (``cancel_at_period_end``, ``canceled_at``); asking for what is already so changes and emits nothing.
+    Raises :class:`NotFoundError`, or :class:`StateConflictError` (``subscription_canceled``) when it has ended.
+    docs/decisions/0199.
+    """
+    with transaction.atomic():
+        subscription = _get(
+            subscription_qs_select_for_update(),
+            subscription_id,
+            tenant_id=tenant_id,
+            livemode=livemode,
+            param="id",
+            noun="subscription",
+        )
+        if subscription.status == Subscription.CANCELED:
+            raise StateConflictError(
+                f"Subscription '{subscription.id}' is already canceled.", code="subscription_canceled"
+            )
+        _set_cancel_at_period_end_locked(subscription, cancel_at_period_end, billing_now(subscription.test_clock))
+    return subscription
+
+
+def _set_cancel_at_period_end_locked(subscription: Subscription, value: bool, now: datetime) -> None:
+    if subscription.cancel_at_period_end == value:
+        return
+    previous = {
+        "cancel_at_period_end": subscription.cancel_at_period_end,
+        "canceled_at": iso(subscription.canceled_at) if subscription.canceled_at else None,
+    }
+    subscription.cancel_at_period_end = value
+    # Stripe sets canceled_at when the cancellation is requested and clears it when it is withdrawn.
+    subscription.canceled_at = now if value else None
+    subscription.save(update_fields=["cancel_at_period_end", "canceled_at", "updated_at"])
+    data = subscription_data(subscription)
+    data["previous_attributes"] = previous
+    emit_for(subscription, "subscription.updated", data, created_at=now)
 
 
 __all__ = [
@@ -454,5 +499,6 @@ __all__ = [
     "create_subscription",
     "database_now",
     "resolve_items",
+    "set_cancel_at_period_end",
     "validate_price_terms",
 ]

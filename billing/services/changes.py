@@ -42,6 +42,7 @@ from billing.models.subscriptions import PauseBehavior
 from billing.periods import period_bounds
 from billing.queries import materialise_invoice, usage_hold_locked
 from billing.representations import iso, scheduled_change_data, subscription_data, subscription_item_data
+from billing.services import ceilings
 from billing.services.catalog import billing_now, check_items_agree
 from billing.services.catalog import cancel_subscription as catalog_cancel
 from billing.services.close import (
@@ -74,6 +75,7 @@ BUSINESS_RULE_CODES = business_rule_codes(
     "prorate_conflict",
     "billing_cycle_anchor_conflict",
     "billing_cycle_anchor_unavailable",
+    "effective_at_conflict",
 )
 
 # ``billing_cycle_anchor`` of an update (Stripe's): keep the cycle, or restart it at the change's instant.
@@ -215,6 +217,9 @@ def _check_terms(sub: Subscription, after: list[ItemAfter], origin: list[int | N
                 code="item_mismatch",
                 param=f"items[{index}]",
             )
+    for item, index in zip(after, origin, strict=True):
+        param = f"items[{index}][quantity]" if index is not None else "items"
+        ceilings.check_line(item.price, item.quantity, param=param)
     try:
         check_items_agree([item.price for item in after])
     except InvalidRequestError as exc:
@@ -324,6 +329,7 @@ def change_subscription(
     billing_cycle_anchor: str = ANCHOR_UNCHANGED,
     coupon: object = KEEP,
     coupon_param: str = "coupon",
+    request_key: str | None = None,
 ) -> tuple[Subscription, Invoice | None]:
     """Apply a change of items to a subscription; returns it and, for ``always_invoice``, its invoice (charged).
 
@@ -337,7 +343,11 @@ def change_subscription(
     stores the items on the subscription (``scheduled_items``) for the next cycle invoice, whose close
     applies them (:func:`billing.services.items.apply_scheduled_locked`); a later change replaces a scheduled one.
     ``coupon`` (a coupon id, or None to delete the discount; :data:`~billing.services.discounts.KEEP`: leave it)
-    is applied first, in the same transaction (``coupon_param`` names it in a refusal). Raises :class:`NotFoundError`,
+    is applied first, in the same transaction (``coupon_param`` names it in a refusal). ``request_key``: the
+    request's ``Idempotency-Key``, if any; an ``always_invoice`` change run again under it after its first run
+    died having committed (the idempotency layer lets a dead request's key be taken over) charges the first
+    run's invoice if it was not charged and changes nothing again (:func:`request_change_key`,
+    docs/decisions/0196). Raises :class:`NotFoundError`,
     :class:`InvalidRequestError` (see :func:`plan_change`, and a coupon that cannot be redeemed) and
     :class:`StateConflictError` (a canceled subscription).
     """
@@ -355,7 +365,16 @@ def change_subscription(
             proration_behavior=proration_behavior,
             proration_date=proration_date,
             effective_at=effective_at,
+            request_key=request_key,
         )
+    if effective_at == PERIOD_END:
+        _refuse_period_end_conflicts(proration_behavior, proration_date)
+    if request_key is not None and proration_behavior == ALWAYS_INVOICE:
+        with transaction.atomic():
+            sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
+            earlier = _earlier_change_invoice(sub, request_key, items)
+        if earlier is not None:
+            return _finish_earlier_change(sub, earlier)
     with transaction.atomic():
         sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
@@ -372,6 +391,7 @@ def change_subscription(
                 {"id": item.id, "price": item.price.id, "quantity": item.quantity} for item in plan.after
             ]
             sub.save(update_fields=["scheduled_items", "updated_at"])
+            ceilings.check_next_invoice(sub, param="items")
             data = subscription_data(sub)
             data["previous_attributes"] = {"scheduled_change": scheduled_change_data(sub, previous_schedule)}
             emit_for(sub, "subscription.updated", data, created_at=billing_now(sub.test_clock))
@@ -388,7 +408,9 @@ def change_subscription(
         proration_items = _write_prorations(sub, plan, now) + usage_items
         invoice = None
         if proration_behavior == ALWAYS_INVOICE and proration_items:
-            invoice = _invoice_now(sub, plan, proration_items, now)
+            invoice = _invoice_now(sub, plan, proration_items, now, request_key=request_key)
+        # Refused after the writes, in their transaction: the whole change rolls back (docs/decisions/0198).
+        ceilings.check_next_invoice(sub, param="items")
         data = subscription_data(sub)
         if data["items"]["data"] != previous:
             data["previous_attributes"] = {"items": {"object": "list", "data": previous}}
@@ -401,6 +423,84 @@ def change_subscription(
             invoice.refresh_from_db()
     sub.refresh_from_db()
     return sub, invoice
+
+
+def request_change_key(subscription_id: str, request_key: str) -> str:
+    """The ``change_key`` of the invoice of a change requested under ``Idempotency-Key`` ``request_key``."""
+    digest = hashlib.sha256(json.dumps([subscription_id, request_key]).encode()).hexdigest()[:32]
+    return f"{subscription_id}:request:{digest}"
+
+
+def _earlier_change_invoice(sub: Subscription, request_key: str, items: list[dict] | None) -> Invoice | None:
+    """The invoice an earlier run of this request (same ``Idempotency-Key``, which the idempotency layer lets run
+    again only once that run died mid-way) made, when the change it asks for is what the subscription has now and
+    that invoice's period is not over; else None (the request is new, or the state moved on since: run it)."""
+    if not _in_effect(sub, items):
+        return None
+    return (
+        Invoice.objects.filter(
+            subscription_id=sub.id,
+            change_key=request_change_key(sub.id, request_key),
+            period_end__gt=whole_seconds(billing_now(sub.test_clock)),
+        )
+        .exclude(status=Invoice.VOID)
+        .first()
+    )
+
+
+def _in_effect(sub: Subscription, requested: list[dict] | None) -> bool:
+    """Whether ``sub``'s items are already what ``requested`` (an update's ``items``) asks for: each named item has
+    the price and quantity asked (a deleted one is gone), each new item's price is there at the quantity asked.
+    (Re-planning would not do: a new item asked for again is a duplicate price.)"""
+    current = {item.id: item for item in sub.items.all()}
+    by_price = {item.price_id: item for item in current.values()}
+    for entry in requested or []:
+        if entry.get("id") is None:
+            item = by_price.get(entry.get("price"))
+            if item is None or item.quantity != (entry.get("quantity") or 1):
+                return False
+            continue
+        item = current.get(entry["id"])
+        if entry.get("deleted"):
+            if item is not None:
+                return False
+            continue
+        if item is None or (entry.get("price") or item.price_id) != item.price_id:
+            return False
+        if (entry.get("quantity") or item.quantity) != item.quantity:
+            return False
+    return True
+
+
+def _finish_earlier_change(sub: Subscription, invoice: Invoice) -> tuple[Subscription, Invoice]:
+    """Answer a retried change whose first run committed and died: charge its invoice if that run never reached
+    the charge (open, no attempt), else leave it as it stands (charged, or in flight: the reconciler's). Nothing is
+    changed again and nothing emitted. docs/decisions/0196."""
+    if invoice.status == Invoice.OPEN and not invoice.payment_attempts.exists():
+        try:
+            invoice, _attempt, _outcome = pay_invoice(invoice.id, tenant_id=sub.tenant_id, livemode=sub.livemode)
+        except (InvoiceStateError, PaymentInFlight):
+            invoice.refresh_from_db()  # the reconciler took it meanwhile: one charge is being made, or made
+    sub.refresh_from_db()
+    return sub, invoice
+
+
+def _refuse_period_end_conflicts(proration_behavior: str, proration_date: int | None) -> None:
+    """``effective_at=period_end`` prorates nothing and invoices nothing now: a ``proration_date`` or ``always_invoice``
+    asks for what it cannot do, so the request is refused (422 ``effective_at_conflict`` naming that parameter)
+    rather than half-honoured. docs/decisions/0197."""
+    if proration_date is not None:
+        raise InvalidRequestError(
+            "effective_at=period_end prorates nothing; proration_date cannot be given with it.",
+            code="effective_at_conflict",
+            param="proration_date",
+        )
+    if proration_behavior == ALWAYS_INVOICE:
+        raise InvalidRequestError(
+            "effective_at=period_end invoices nothing now; proration_behavior=always_invoice cannot be given with it.",
+            code="effective_at_conflict",
+            param="proration_behavior",
+        )
 
 
 def _has_metered(sub: Subscription) -> bool:
@@ -485,6 +585,7 @@ def restart_cycle(
     proration_behavior: str = CREATE_PRORATIONS,
     proration_date: int | None = None,
     effective_at: str = "immediately",
+    request_key: str | None = None,
 ) -> tuple[Subscription, Invoice]:
     """``billing_cycle_anchor=now``: restart the subscription's billing cycle at the change's instant; returns it and
     the new period's invoice (charged, or as the close left it: declined, waiting for tax).
@@ -500,6 +601,8 @@ def restart_cycle(
     and any other pending item, and records the anchor before in ``previous_billing_cycle_anchor``). After
     commit the close charges it (:func:`billing.services.close.close_subscription_period`); a request killed
     in between leaves the period due, and the next drain closes it. docs/decisions/0147-billing-cycle-anchor-now.md.
+    ``request_key`` (the request's ``Idempotency-Key``): a run of the request again after its first run died having
+    committed closes that run's period if still due and restarts nothing (docs/decisions/0196).
 
     Raises :class:`InvalidRequestError` (``billing_cycle_anchor_conflict`` with ``effective_at=period_end``,
     a ``proration_date`` or ``cancel_at_period_end``; ``billing_cycle_anchor_unavailable`` in a trial, while
@@ -518,6 +621,13 @@ def restart_cycle(
             code="billing_cycle_anchor_conflict",
             param="proration_date",
         )
+    if request_key is not None:
+        with transaction.atomic():
+            sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
+            earlier = _earlier_restart_invoice(sub, request_key, items)
+        if earlier is not None:
+            # The first run of this request restarted the cycle and died: close its period if still due, no more.
+            return _close_restarted(sub, earlier.id, earlier.period_start, billing_now(sub.test_clock))
     with transaction.atomic():
         sub = callers_subscription_locked(tenant_id, livemode, subscription_id)
         if sub.status == Subscription.CANCELED:
@@ -543,7 +653,13 @@ def restart_cycle(
             update_fields=["billing_cycle_anchor", "periods_billed", "next_billing_at", "scheduled_items", "updated_at"]
         )
         start, end = period_bounds(at, price.interval, price.interval_count, 0)
-        inserted = materialise_period_invoice(sub, start, end, now, previous_billing_cycle_anchor=previous_anchor)
+        ceilings.check_next_invoice(sub, param="items")  # the new period's invoice is that invoice
+        keyed = request_change_key(sub.id, request_key) if request_key is not None else None
+        if keyed is not None and Invoice.objects.filter(change_key=keyed).exists():
+            keyed = None  # the key was used before, for an earlier restart long over: this is a new request
+        inserted = materialise_period_invoice(
+            sub, start, end, now, previous_billing_cycle_anchor=previous_anchor, change_key=keyed
+        )
         if inserted is None:  # only a second restart in this same second gets here
             raise StateConflictError(
                 f"The billing cycle of subscription '{sub.id}' was restarted at this instant already.",
@@ -555,6 +671,30 @@ def restart_cycle(
             data["previous_attributes"]["items"] = {"object": "list", "data": previous_items}
         emit_for(sub, "subscription.updated", data, created_at=now)
         invoice_id = inserted[0].id
+    return _close_restarted(sub, invoice_id, at, now)
+
+
+def _earlier_restart_invoice(sub: Subscription, request_key: str, items: list[dict] | None) -> Invoice | None:
+    """The new period's invoice of an earlier run of this restart request (same ``Idempotency-Key``), when the cycle
+    it started is still the subscription's, the items are as it left them and its first period is not over; else
+    None."""
+    if not _in_effect(sub, items):
+        return None
+    return (
+        Invoice.objects.filter(
+            subscription_id=sub.id,
+            change_key=request_change_key(sub.id, request_key),
+            period_start=sub.billing_cycle_anchor,
+            period_end__gt=whole_seconds(billing_now(sub.test_clock)),
+        )
+        .exclude(status=Invoice.VOID)
+        .first()
+    )
+
+
+def _close_restarted(sub: Subscription, invoice_id: str, at: datetime, now: datetime) -> tuple[Subscription, Invoice]:
+    """Close the first period of a cycle restarted at ``at`` (its invoice ``invoice_id``) unless closed already;
+    the subscription and that invoice as the close left them."""
     # The close skips a subscription another transaction holds (SKIP LOCKED): a concurrent request for the
     # same subscription, refused under the lock a moment later, may hold it just then. Try again while the
     # period is still due and its invoice still a draft, so the answer reports the period charged.
@@ -604,9 +744,19 @@ def _write_prorations(sub: Subscription, plan: ChangePlan, now: datetime) -> lis
     return items
 
 
-def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], now: datetime) -> Invoice:
+def _invoice_now(
+    sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], now: datetime, *, request_key: str | None = None
+) -> Invoice:
     """The change's own invoice of ``items`` (just written), finalised. Raises :class:`StateConflictError` when this
-    change (same ``change_key``) was invoiced before."""
+    change (same ``change_key``) was invoiced before.
+
+    Its ``change_key`` is the request's (:func:`request_change_key`) when it came with an ``Idempotency-Key`` not used
+    for a change invoice of this subscription before, so a retry of the request finds it; else the change's own."""
+    key = change_key(plan)
+    if request_key is not None:
+        keyed = request_change_key(sub.id, request_key)
+        if not Invoice.objects.filter(change_key=keyed).exists():
+            key = keyed
     amount = sum(item.amount for item in items)
     invoice = Invoice(
         tenant_id=sub.tenant_id,
@@ -615,7 +765,7 @@ def _invoice_now(sub: Subscription, plan: ChangePlan, items: list[InvoiceItem], 
         subscription_id=sub.id,
         status=Invoice.DRAFT,
         billing_reason=Invoice.UPDATE,
-        change_key=change_key(plan),
+        change_key=key,
         currency=sub.price.currency,
         period_start=min([plan.at] + [item.period_start for item in items]),
         period_end=plan.period[1] if plan.period else plan.at,
@@ -697,6 +847,16 @@ def preview_upcoming(
             if line.amount != 0
         ]
         price = sub.price
+        if items is not None:
+            # The change previewed would be refused if its next invoice could not be charged: so is its preview.
+            pending = InvoiceItem.objects.filter(pending_for(sub, price.currency))
+            ceilings.check_total(
+                sum(i.quantity * i.price.amount for i in plan.after if not i.price.is_metered)
+                + sum(item.amount for item in pending)
+                + (sum(line.amount for line in prorations) if proration_behavior == CREATE_PRORATIONS else 0),
+                price.currency,
+                param="items",
+            )
         if proration_behavior == ALWAYS_INVOICE and prorations:
             lines = prorations
             start, end = plan.at, plan.period[1]

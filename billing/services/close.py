@@ -345,6 +345,7 @@ def materialise_period_invoice(
     sweep: bool = True,
     previous_billing_cycle_anchor: datetime | None = None,
     usage: list[InvoiceLineItem] | None = None,
+    change_key: str | None = None,
 ) -> tuple[Invoice, list[InvoiceLineItem]] | None:
     """Insert the period's draft invoice and its lines unless one exists; the new invoice and its lines, or None.
 
@@ -354,6 +355,7 @@ def materialise_period_invoice(
     ``previous_billing_cycle_anchor``: the first period of a restarted cycle records the anchor it replaced.
     ``usage``: the usage lines when they were taken before a scheduled change replaced the items
     (:func:`billing.services.usage.usage_before_schedule_locked`); None: those of the items now.
+    ``change_key``: a restart made under an ``Idempotency-Key`` records it (UNIQUE), so a retry finds its invoice.
     """
     items = items_by_subscription([sub.id])[sub.id]
     if usage is None:
@@ -362,6 +364,7 @@ def materialise_period_invoice(
         hooks.after_usage(sub.id, usage)
     invoice, lines = new_draft_invoice(sub, start, end, now, items, usage=usage)
     invoice.previous_billing_cycle_anchor = previous_billing_cycle_anchor
+    invoice.change_key = change_key
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
         return None

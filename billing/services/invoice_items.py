@@ -13,6 +13,7 @@ from django.db import transaction
 from billing.events import invoice_item_event
 from billing.lock_objects import customer_qs_select_for_update
 from billing.models import InvoiceItem, Subscription
+from billing.services import ceilings
 from billing.services.catalog import billing_now
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError, business_rule_codes
 from hardcount.money import MAX_AMOUNT, normalize_currency
@@ -35,7 +36,8 @@ def create_invoice_item(
     Negative ``amount`` is a credit. The customer's billing currency, once set, must be
     ``currency`` (else it is set now, under the customer's row lock); ``subscription`` must be the
     customer's and not canceled. Dated by the billing time (the customer's test clock, if any).
-    Raises :class:`InvalidRequestError` (a zero or out-of-range amount, ``currency_mismatch``),
+    Raises :class:`InvalidRequestError` (a zero or out-of-range amount, ``currency_mismatch``, ``amount_too_large``
+    when an invoice that would sweep it would exceed ``MAX_AMOUNT``: :mod:`billing.services.ceilings`),
     :class:`NotFoundError` (a customer or subscription not the caller's) and
     :class:`StateConflictError` (a canceled subscription).
     """
@@ -88,5 +90,8 @@ def create_invoice_item(
             period_end=now,
             created_at=now,
         )
+        if amount > 0:
+            # The invoice that sweeps it must stay chargeable; refused, the item is rolled back with the request.
+            ceilings.check_customer_pending(customer.id, currency, subscription, param="amount")
         invoice_item_event(item, "invoiceitem.created", created_at=now)
     return item

@@ -177,6 +177,78 @@ def test_cancel_at_period_end_only_sets_the_flag(api):
     assert Event.objects.filter(type="subscription.updated").count() == 1
 
 
+def test_cancel_at_period_end_on_update_schedules_and_withdraws_the_cancellation(api):
+    subscription = create_catalog(api)["subscription"]
+    path = f"/v1/subscriptions/{subscription['id']}"
+
+    status, body = api.post(path, {"cancel_at_period_end": True})
+    assert status == 200, body
+    assert (body["status"], body["cancel_at_period_end"], body["ended_at"]) == ("active", True, None)
+    canceled_at = body["canceled_at"]
+    assert canceled_at is not None
+    assert api.post(path, {"cancel_at_period_end": True}) == (200, body)  # already so: nothing emitted
+
+    status, body = api.post(path, {"cancel_at_period_end": False})
+    assert status == 200, body
+    assert (body["status"], body["cancel_at_period_end"], body["canceled_at"]) == ("active", False, None)
+    assert body["next_billing_at"] == subscription["next_billing_at"]
+    assert api.post(path, {"cancel_at_period_end": False}) == (200, body)
+
+    updated = Event.objects.filter(type="subscription.updated").order_by("created_at", "id")
+    assert [e.data["previous_attributes"] for e in updated] == [
+        {"cancel_at_period_end": False, "canceled_at": None},
+        {"cancel_at_period_end": True, "canceled_at": canceled_at},
+    ]
+    assert updated.last().data["cancel_at_period_end"] is False
+
+
+def test_the_cancel_endpoints_at_period_end_is_withdrawn_by_the_update_and_false_cancels_now(api):
+    # The cancel endpoint is Stripe's DELETE /v1/subscriptions/{id}: without at_period_end (or with false) it
+    # cancels now, even one set to cancel at its period end; undoing a scheduled cancellation is the update's.
+    subscription = create_catalog(api)["subscription"]
+    cancel = f"/v1/subscriptions/{subscription['id']}/cancel"
+    assert api.post(cancel, {"at_period_end": True})[1]["cancel_at_period_end"] is True
+    status, body = api.post(f"/v1/subscriptions/{subscription['id']}", {"cancel_at_period_end": False})
+    assert (status, body["cancel_at_period_end"], body["canceled_at"]) == (200, False, None)
+    assert api.post(cancel, {"at_period_end": True})[1]["cancel_at_period_end"] is True
+
+    status, body = api.post(cancel, {"at_period_end": False})
+
+    assert (status, body["status"]) == (200, "canceled")
+    assert body["ended_at"] is not None and body["next_billing_at"] is None
+    status, body = api.post(f"/v1/subscriptions/{subscription['id']}", {"cancel_at_period_end": False})
+    assert (status, body["error"]["code"]) == (409, "subscription_canceled")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"items": [{"price": "PRICE", "quantity": 2}]},
+        {"pause_collection": {"behavior": "void"}},
+        {"billing_cycle_anchor": "now"},
+        {"proration_date": 1},
+        {"effective_at": "period_end"},
+        {"discounts": []},
+    ],
+)
+def test_cancel_at_period_end_with_another_change_is_a_422_and_changes_nothing(api, other):
+    catalog = create_catalog(api)
+    subscription = catalog["subscription"]
+    if "items" in other:
+        other = {"items": [{"price": catalog["price"]["id"], "quantity": 2}]}
+
+    status, body = api.post(f"/v1/subscriptions/{subscription['id']}", {"cancel_at_period_end": True, **other})
+
+    assert (status, body["error"]["code"], body["error"]["param"]) == (
+        422,
+        "cancel_with_changes",
+        "cancel_at_period_end",
+    )
+    row = Subscription.objects.get(pk=subscription["id"])
+    assert (row.cancel_at_period_end, row.canceled_at, row.pause_collection_behavior) == (False, None, "")
+    assert not Event.objects.filter(type="subscription.updated").exists()
+
+
 def test_cancelling_a_canceled_subscription_is_409(api):
     subscription = create_catalog(api)["subscription"]
     path = f"/v1/subscriptions/{subscription['id']}/cancel"

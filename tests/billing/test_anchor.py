@@ -395,3 +395,56 @@ def test_a_restart_whose_close_meets_the_subscription_held_elsewhere_waits_and_a
     restarted = _cycle_invoices(sub)[-1]
     assert (restarted.period_start, restarted.status) == (APR_11_10H, "paid")
     assert body["current_period_start"] == "2027-04-11T10:00:00Z"
+
+
+@pytest.mark.parametrize("drained_first", [False, True], ids=["retried-before-the-drain", "retried-after-the-drain"])
+def test_a_keyed_restart_retried_after_its_request_died_restarts_nothing_again(
+    book, acme, stripe_proxy, monkeypatch, drained_first
+):
+    # The request dies after the restart committed (the new period's 1,000 − 653 = 347 invoice a draft, due). Its
+    # retry under the same key, once the dead claim is stale, closes that period if still due and restarts nothing:
+    # no second credit, no second period, one charge of 347.
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from billing.services import changes
+    from hardcount.idempotency import IN_FLIGHT_STALE
+    from hardcount.models import IdempotencyRecord
+
+    clock, sub = _clocked(book, acme.tenant)
+    _move(clock, APR_11_10H)
+    api = Api(acme.test)
+    key = {"Idempotency-Key": "restart-killed"}
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(changes, "close_subscription_period", killed)
+    with pytest.raises(Killed):
+        api.post(f"/v1/subscriptions/{sub.id}", {"billing_cycle_anchor": "now"}, headers=key)
+    monkeypatch.undo()
+    restarted = _cycle_invoices(sub)[-1]
+    assert (restarted.period_start, restarted.status, restarted.total) == (APR_11_10H, "draft", 347)
+    if drained_first:
+        _drain(acme.tenant, clock)
+        assert Invoice.objects.get(pk=restarted.pk).status == "paid"
+    _move(clock, APR_11_10H + timedelta(days=1))  # a retry a day later: a second restart would credit and bill again
+    # The dead claim is stale (older than the threshold, on the database's clock): the retry may take it over.
+    IdempotencyRecord.objects.filter(key="restart-killed").update(
+        created_at=F("created_at") - IN_FLIGHT_STALE - timedelta(seconds=1)
+    )
+
+    status, body = api.post(f"/v1/subscriptions/{sub.id}", {"billing_cycle_anchor": "now"}, headers=key)
+
+    assert status == 200, body
+    assert body["billing_cycle_anchor"].startswith("2027-04-11T10:00:00")
+    assert [(i.period_start, i.status) for i in _cycle_invoices(sub)] == [(APR_1, "paid"), (APR_11_10H, "paid")]
+    assert [e.request.params["amount"] for e in stripe_proxy.entries(CHARGES)] == ["1000", "347"]
+    assert InvoiceItem.objects.filter(subscription=sub).count() == 1
+    sub.refresh_from_db()
+    assert (sub.billing_cycle_anchor, sub.next_billing_at, sub.periods_billed) == (
+        APR_11_10H,
+        datetime(2027, 5, 11, 10, tzinfo=UTC),
+        1,
+    )

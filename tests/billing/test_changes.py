@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from billing.models import Invoice, InvoiceItem, PaymentAttempt, SubscriptionItem, TestClock
+from billing.services.changes import request_change_key
 from billing.services.drain import drain_due
 from tests.api.conftest import Api, make_keys
 from tests.billing.conftest import events
@@ -98,6 +99,14 @@ def test_an_upgrade_in_jpy_rounds_each_line_once_half_away_from_zero(book, acme,
         (2176, "jpy"),
     ]
 
+    # May's invoice: ¥3,333 − 640 + 2,176 = ¥4,869, charged as 4869 yen (never scaled to "cents").
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert [line.amount for line in may.lines.all()] == [3333, -640, 2176]
+    assert (may.currency, may.total, may.amount_paid, may.status) == ("jpy", 4869, 4869, "paid")
+    charge = stripe_proxy.entries("POST /v1/payment_intents")[-1].request.params
+    assert (charge["amount"], charge["currency"]) == ("4869", "jpy")
+
 
 def test_a_jan_31_anchor_changed_on_feb_15_of_a_leap_year(book, acme, stripe_proxy):
     # The period is Jan 31 → Feb 29 2028 (29 days); Feb 15 leaves 14: credit −1000 × 14/29 = −482.76 → −483,
@@ -130,12 +139,19 @@ def test_always_invoice_charges_a_quantity_change_once_even_when_retried(book, a
     (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
     assert [line.amount for line in invoice.lines.all()] == [-1500, 2500]
     assert (invoice.total, invoice.amount_paid, invoice.status) == (1000, 1000, "paid")
-    assert invoice.change_key.startswith(f"{sub.id}:change:")
+    # Made under a key, the invoice records the request (a retry after a death mid-way finds it: decision 0196).
+    assert invoice.change_key == request_change_key(sub.id, "seats-5")
     charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == "1000"]
     assert len(charges) == 1
     assert PaymentAttempt.objects.filter(invoice=invoice, outcome="succeeded").count() == 1
     assert _item(sub).quantity == 5
     assert not InvoiceItem.objects.filter(invoice__isnull=True).exists()
+    # The immediate proration invoice is announced once, with its lines, as Stripe's invoice.created.
+    (created,) = events("invoice.created", data__id=invoice.id)
+    assert created.data["billing_reason"] == "subscription_update"
+    assert [(line["amount"], line["proration"]) for line in created.data["lines"]] == [(-1500, True), (2500, True)]
+    updated = [e for e in events("subscription.updated", data__id=sub.id) if "previous_attributes" in e.data]
+    assert [e.data["previous_attributes"]["items"]["data"][0]["quantity"] for e in updated] == [3]
 
 
 def test_none_applies_the_new_items_from_the_next_invoice_without_prorations(book, acme, stripe_proxy):
@@ -532,3 +548,209 @@ def test_a_preview_with_bad_proposed_items_names_the_offending_field_as_a_body_w
     assert "ErrorDetail" not in body["error"]["message"] and body["error"]["message"].startswith(param)
     if message:
         assert body["error"]["message"] == message
+
+
+class _Killed(BaseException):
+    """A request's process dying mid-way: no ``except Exception`` catches it, so the idempotency layer neither
+    stores an answer nor drops the key's claim, and nothing after the kill point runs."""
+
+
+def _die(*args, **kwargs):
+    raise _Killed
+
+
+def subscription_data_of(sub):
+    from billing.models import Subscription
+    from billing.representations import subscription_data
+
+    return subscription_data(Subscription.objects.get(pk=sub.pk))
+
+
+def _age_claim(tenant, key):
+    """Make the dead request's claim of ``key`` older than the stale threshold, as waiting it out would."""
+    from datetime import timedelta
+
+    from hardcount.idempotency import IN_FLIGHT_STALE
+    from hardcount.models import IdempotencyRecord
+
+    record = IdempotencyRecord.objects.get(tenant=tenant, key=key, completed_at__isnull=True)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(created_at=record.created_at - IN_FLIGHT_STALE - timedelta(1))
+
+
+@pytest.mark.parametrize("change", ["quantity", "new_item"])
+def test_a_keyed_always_invoice_retried_after_its_request_died_before_the_charge_charges_once_and_changes_nothing(
+    book, acme, stripe_proxy, monkeypatch, change
+):
+    # On Apr 16 00:00 (half of April left), invoiced at once: 3 → 5 seats of 1000, −1500 + 2500 = 1000; or a new item
+    # of 2,999, 1,499.5 → 1,500. The request dies after the change's transaction committed, before the charge.
+    from billing.services import changes
+    from billing.services.drain import reconcile
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+    if change == "quantity":
+        items, total, lines = [{"id": _item(sub).id, "quantity": 5}], 1000, 2
+    else:  # asked again, the new item would be a second item of one price (422): the retry must not re-plan it
+        items, total, lines = [{"price": _pro(book, acme.tenant, 2999).id}], 1500, 1
+    body = {"items": items, "proration_behavior": "always_invoice"}
+    key = {"Idempotency-Key": "seats-5-killed"}
+    monkeypatch.setattr(changes, "pay_invoice", _die)
+    with pytest.raises(_Killed):
+        api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
+    monkeypatch.undo()
+    (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
+    assert (invoice.status, invoice.total, invoice.payment_attempts.count()) == ("open", total, 0)
+    updates = len(events("subscription.updated", data__id=sub.id))
+    after = [(i["id"], i["price"]["id"], i["quantity"]) for i in subscription_data_of(sub)["items"]["data"]]
+
+    # While the dead request's claim is fresh the key is in use (it might still be running).
+    status, error = api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
+    assert (status, error["error"]["code"]) == (409, "idempotency_key_in_use")
+
+    _age_claim(acme.tenant, "seats-5-killed")
+    status, answer = api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
+
+    # The retry finishes the first run: its invoice charged, once; the change not made again, nothing emitted.
+    assert status == 200, answer
+    assert [(i["id"], i["price"]["id"], i["quantity"]) for i in answer["items"]["data"]] == after
+    assert list(Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")) == [invoice]
+    invoice.refresh_from_db()
+    assert (invoice.status, invoice.amount_paid) == ("paid", total)
+    assert invoice.change_key == request_change_key(sub.id, "seats-5-killed")
+    assert [a.outcome for a in invoice.payment_attempts.all()] == ["succeeded"]
+    charges = [e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == str(total)]
+    assert len(charges) == 1
+    assert InvoiceItem.objects.filter(subscription=sub).count() == lines
+    assert len(events("subscription.updated", data__id=sub.id)) == updates
+    # The answer is stored now: the same key replays it; the reconciler finds nothing left to charge.
+    assert api.post(f"/v1/subscriptions/{sub.id}", body, headers=key) == (200, answer)
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+
+
+def test_a_keyed_retry_of_a_charged_change_whose_answer_was_lost_charges_nothing_more(
+    book, acme, stripe_proxy, monkeypatch
+):
+    # The first run charged its invoice, then died before its answer was stored: the retry answers, charges nothing.
+    from billing.services import changes
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+    body = {"items": [{"id": _item(sub).id, "quantity": 5}], "proration_behavior": "always_invoice"}
+    key = {"Idempotency-Key": "seats-5-lost"}
+    pay = changes.pay_invoice
+
+    def pay_then_die(*args, **kwargs):
+        pay(*args, **kwargs)
+        raise _Killed
+
+    monkeypatch.setattr(changes, "pay_invoice", pay_then_die)
+    with pytest.raises(_Killed):
+        api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
+    monkeypatch.undo()
+    _age_claim(acme.tenant, "seats-5-lost")
+
+    status, answer = api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)
+
+    assert status == 200, answer
+    (invoice,) = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
+    assert (invoice.status, invoice.amount_paid, invoice.payment_attempts.count()) == ("paid", 1000, 1)
+    assert (
+        len([e for e in stripe_proxy.entries("POST /v1/payment_intents") if e.request.params["amount"] == "1000"]) == 1
+    )
+
+
+def test_a_key_reused_for_a_new_change_after_the_first_one_is_not_taken_for_a_retry(book, acme, stripe_proxy):
+    # The same key (its record pruned after the retention) for a change that changes something: made, not skipped.
+    from hardcount.models import IdempotencyRecord
+
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+    key = {"Idempotency-Key": "seats"}
+    for quantity in (5, 3):
+        body = {"items": [{"id": _item(sub).id, "quantity": quantity}], "proration_behavior": "always_invoice"}
+        assert api.post(f"/v1/subscriptions/{sub.id}", body, headers=key)[0] == 200
+        IdempotencyRecord.objects.filter(key="seats").delete()
+
+    assert _item(sub).quantity == 3
+    invoices = Invoice.objects.filter(subscription=sub, billing_reason="subscription_update").order_by("created_at")
+    assert sorted(i.total for i in invoices) == [-1000, 1000]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"effective_at": "period_end", "proration_date": "APR_10"}, "proration_date"),
+        ({"effective_at": "period_end", "proration_behavior": "always_invoice"}, "proration_behavior"),
+        ({"effective_at": "period_end", "billing_cycle_anchor": "now"}, "effective_at"),
+    ],
+)
+def test_a_period_end_change_with_a_parameter_it_cannot_honour_is_a_422_naming_it(
+    book, acme, stripe_proxy, body, param
+):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC), quantity=3)
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    if body.get("proration_date") == "APR_10":
+        body = {**body, "proration_date": int(datetime(2027, 4, 10, tzinfo=UTC).timestamp())}
+    body = {**body, "items": [{"id": _item(sub).id, "quantity": 5}]}
+
+    status, error = Api(acme.test).post(f"/v1/subscriptions/{sub.id}", body)
+
+    assert status == 422, error
+    assert error["error"]["param"] == param
+    assert error["error"]["code"] == (
+        "billing_cycle_anchor_conflict" if param == "effective_at" else "effective_at_conflict"
+    )
+    sub.refresh_from_db()
+    assert (sub.scheduled_items, _item(sub).quantity) == (None, 3)
+    assert not InvoiceItem.objects.exists()
+    assert Invoice.objects.filter(subscription=sub).count() == 1
+    # Negative control: the same change at period end alone (create_prorations being the default) is scheduled.
+    status, scheduled = Api(acme.test).post(
+        f"/v1/subscriptions/{sub.id}",
+        {"items": body["items"], "effective_at": "period_end", "proration_behavior": "none"},
+    )
+    assert (status, scheduled["scheduled_change"]["items"][0]["quantity"]) == (200, 5)
+
+
+def test_withdrawing_a_cancellation_at_period_end_renews_the_subscription(book, acme, stripe_proxy):
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    api = Api(acme.test)
+
+    status, body = api.post(f"/v1/subscriptions/{sub.id}", {"cancel_at_period_end": True})
+    assert status == 200, body
+    assert (body["cancel_at_period_end"], body["canceled_at"]) == (True, "2027-04-16T00:00:00Z")
+    status, body = api.post(f"/v1/subscriptions/{sub.id}", {"cancel_at_period_end": False})
+    assert status == 200, body
+    assert (body["status"], body["cancel_at_period_end"], body["canceled_at"]) == ("active", False, None)
+    scheduled, withdrawn = [
+        e for e in events("subscription.updated", data__id=sub.id) if "previous_attributes" in e.data
+    ]
+    assert scheduled.data["previous_attributes"] == {"cancel_at_period_end": False, "canceled_at": None}
+    assert withdrawn.data["previous_attributes"] == {
+        "cancel_at_period_end": True,
+        "canceled_at": "2027-04-16T00:00:00Z",
+    }
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    sub.refresh_from_db()
+    assert (sub.status, sub.ended_at) == ("active", None)
+    may = Invoice.objects.get(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC))
+    assert (may.total, may.status) == (1000, "paid")
+
+
+def test_a_cancellation_at_period_end_left_in_place_ends_the_subscription_at_the_boundary(book, acme, stripe_proxy):
+    # The negative control of the withdrawal: scheduled and kept, May is not billed and the subscription ends.
+    clock, sub = _clocked(book, acme.tenant, anchor=datetime(2027, 4, 1, tzinfo=UTC))
+    _move(clock, datetime(2027, 4, 16, tzinfo=UTC))
+    assert Api(acme.test).post(f"/v1/subscriptions/{sub.id}", {"cancel_at_period_end": True})[0] == 200
+
+    _bill_next_period(acme.tenant, clock, datetime(2027, 5, 1, tzinfo=UTC))
+
+    sub.refresh_from_db()
+    assert sub.status == "canceled"
+    assert not Invoice.objects.filter(subscription=sub, period_start=datetime(2027, 5, 1, tzinfo=UTC)).exists()

@@ -104,6 +104,9 @@ def test_a_book_of_changes_prorations_and_a_restarted_cycle_is_clean(changed_boo
     items = InvoiceItem.objects.filter(customer_id=changed_book.customer_id).order_by("created_at", "id")
     assert [(i.amount, i.proration) for i in items] == [(-500, True), (1500, True), (-100, False), (-1548, True)]
     assert all(i.invoice_id for i in items)
+    # The restarted cycle's first invoice: 2,999 − 1,548 = 1,451 (the worked example of billing-changes.md).
+    restarted = Invoice.objects.get(subscription=changed_book, period_start=MAY_16)
+    assert (restarted.total, restarted.status) == (1451, "paid")
     assert failing() == {}
 
 

@@ -7,6 +7,10 @@ and applies each change (``--subscription`` may be repeated; ``--behavior`` cycl
 :func:`billing.services.changes.change_subscription`, then prints one JSON line
 ``{"changed": [...], "invoices": [...], "errors": [...]}``.
 
+``--api-key KEY --idempotency-key K`` makes each change as a request instead: ``POST /v1/subscriptions/{id}`` through
+the whole API stack (Django's test client in this process: authentication, the ``Idempotency-Key`` claim, the view)
+under that key; the JSON line then has ``responses`` too, ``[{"status": …, "body": …}]``.
+
 ``--billing-cycle-anchor now`` restarts each subscription's billing cycle with the change
 (:func:`billing.services.changes.restart_cycle`); its ``invoices`` are the new periods' invoices.
 
@@ -69,6 +73,8 @@ def main() -> None:
     parser.add_argument("--behavior", action="append", required=True)
     parser.add_argument("--kill-at", choices=KILL_POINTS)
     parser.add_argument("--billing-cycle-anchor", choices=("unchanged", "now"), default="unchanged")
+    parser.add_argument("--api-key")
+    parser.add_argument("--idempotency-key")
     args = parser.parse_args()
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hardcount.settings")
@@ -88,11 +94,14 @@ def main() -> None:
         _arm(args.kill_at)
     print("ready", flush=True)
     sys.stdin.readline()
-    changed, invoices, errors = [], [], []
+    changed, invoices, errors, responses = [], [], [], []
     for index, subscription_id in enumerate(args.subscription):
         item = SubscriptionItem.objects.filter(subscription_id=subscription_id).order_by("created_at", "id").first()
         quantity = args.quantity[index % len(args.quantity)]
         behavior = args.behavior[index % len(args.behavior)]
+        if args.api_key:
+            responses.append(_request(args, subscription_id, item.id, quantity, behavior))
+            continue
         try:
             _sub, invoice = change_subscription(
                 tenant_id=args.tenant,
@@ -108,7 +117,29 @@ def main() -> None:
         changed.append(subscription_id)
         if invoice is not None:
             invoices.append({"id": invoice.id, "status": invoice.status})
-    print(json.dumps({"changed": changed, "invoices": invoices, "errors": errors}), flush=True)
+    out = {"changed": changed, "invoices": invoices, "errors": errors}
+    if args.api_key:
+        out["responses"] = responses
+    print(json.dumps(out), flush=True)
+
+
+def _request(args, subscription_id: str, item_id: str, quantity: int, behavior: str) -> dict:
+    """One change as ``POST /v1/subscriptions/{id}`` through the API stack; its status and JSON body."""
+    from django.test import Client
+
+    from hardcount import tenancy
+
+    tenancy.leave()  # the request enters the tenant itself, from its key
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {args.api_key}"}
+    if args.idempotency_key:
+        headers["HTTP_IDEMPOTENCY_KEY"] = args.idempotency_key
+    body = {"items": [{"id": item_id, "quantity": quantity}], "proration_behavior": behavior}
+    if args.billing_cycle_anchor != "unchanged":
+        body["billing_cycle_anchor"] = args.billing_cycle_anchor
+    response = Client().post(
+        f"/v1/subscriptions/{subscription_id}", data=json.dumps(body), content_type="application/json", **headers
+    )
+    return {"status": response.status_code, "body": response.json()}
 
 
 if __name__ == "__main__":

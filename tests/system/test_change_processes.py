@@ -3,6 +3,8 @@
 1. A quantity change 3 → 5 with ``always_invoice`` SIGKILLed after its invoice committed (before the charge),
    and after the gateway answered the charge (before the answer was recorded): the reconciler finishes it,
    the invoice is paid once by one PaymentIntent, and a retry of the change makes no second proration invoice.
+   The same change as a request under an ``Idempotency-Key``, SIGKILLed after its commit: its retry under the key
+   (409 while the dead claim is fresh) charges that invoice once and changes nothing again.
 2. A drain process billing a due book while another process changes the same subscriptions' items
    (``create_prorations`` and ``always_invoice``, in the opposite order, so they meet): no period billed twice,
    every proration line on exactly one invoice or still pending, each period billed at the quantity the change
@@ -217,6 +219,80 @@ def test_an_always_invoice_change_killed_mid_way_is_charged_once_by_the_reconcil
             wall_s=time.monotonic() - started,
             note=f"one PaymentIntent ({', '.join(expected)} under one key); 2 proration lines on it once; "
             "a retried change made no second invoice",
+        )
+    )
+
+
+def test_a_keyed_always_invoice_request_killed_before_its_charge_is_finished_by_its_retry(
+    transactional_db, stripe_proxy, make_card, tmp_path
+):
+    """The request itself (``POST /v1/subscriptions/{id}`` with an ``Idempotency-Key``, through the API stack) is
+    SIGKILLed after the change committed, before the charge: its key's claim is left in flight. The retry under the
+    same key is 409 while the claim is fresh; once stale it finishes the first run (docs/decisions/0196): the one
+    invoice charged once, nothing changed again. A run without the lookup leaves the invoice open (its retry
+    re-plans a change already made and prorates nothing)."""
+    from hardcount.idempotency import IN_FLIGHT_STALE
+    from hardcount.models import ApiKey, IdempotencyRecord
+    from outbox.models import Event
+    from tests.api.conftest import Api
+
+    started = time.monotonic()
+    tenant, (sub,) = _billed_book(make_card, 1, name="Keyed request killed")
+    _row, secret = ApiKey.issue(tenant, livemode=False)
+    keyed = ["--api-key", secret, "--idempotency-key", "seats-5"]
+    with open(tmp_path / "change.log", "w+") as log:
+        command = _change_command(tenant.id, [sub], ["always_invoice"], kill_at="after_invoice_commit") + keyed
+        process = _start(command, stripe_proxy, log)
+        out, _ = process.communicate("go\n", timeout=60)
+        assert process.returncode == -signal.SIGKILL, f"the request was not killed:\n{out}\n{log.seek(0) or log.read()}"
+
+    (invoice,) = _update_invoices(sub)
+    # Two seats more for all but about an hour of the month: a credit of −3,000 × share and +5,000 × share.
+    assert (invoice.status, invoice.payment_attempts.count()) == (Invoice.OPEN, 0) and 1990 < invoice.total < 2000
+    (claim,) = IdempotencyRecord.objects.filter(tenant=tenant, key="seats-5")
+    assert claim.completed_at is None  # the dead request's claim, in flight
+    updated = Event.objects.filter(type="subscription.updated").count()
+    api = Api(secret)
+    body = {"items": [{"id": SubscriptionItem.objects.get(subscription=sub).id, "quantity": 5}]}
+    body["proration_behavior"] = "always_invoice"
+    status, error = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    assert (status, error["error"]["code"]) == (409, "idempotency_key_in_use")
+
+    IdempotencyRecord.objects.filter(pk=claim.pk).update(created_at=claim.created_at - IN_FLIGHT_STALE - timedelta(1))
+    with open(tmp_path / "retry.log", "w+") as log:
+        retry = _start(_change_command(tenant.id, [sub], ["always_invoice"]) + keyed, stripe_proxy, log)
+        out, _ = retry.communicate("go\n", timeout=60)
+        assert retry.returncode == 0, log.seek(0) or log.read()
+    (answer,) = json.loads(out.strip().splitlines()[-1])["responses"]
+
+    assert answer["status"] == 200, answer
+    assert [i["quantity"] for i in answer["body"]["items"]["data"]] == [5]
+    assert _update_invoices(sub) == [invoice]
+    invoice.refresh_from_db()
+    assert (invoice.status, invoice.amount_paid) == (Invoice.PAID, invoice.total)
+    (attempt,) = PaymentAttempt.objects.filter(invoice=invoice)
+    assert attempt.outcome == PaymentAttempt.SUCCEEDED
+    assert gateway_charges(stripe_proxy)[invoice.id] == {invoice.payment_intent_id}
+    assert [e.action for e in gateway_requests(stripe_proxy, invoice.id)] == ["forwarded"]
+    assert InvoiceItem.objects.filter(subscription=sub, proration=True).count() == 2
+    assert Event.objects.filter(type="subscription.updated").count() == updated
+    # Stored now: the key replays the answer; the reconciler finds nothing to charge.
+    replay = api.post(f"/v1/subscriptions/{sub.id}", body, headers={"Idempotency-Key": "seats-5"})
+    assert replay == (200, answer["body"])
+    assert reconcile(livemode=False)["payments_resolved"] == 0
+    assert_doctor_clean()
+    record_row(
+        ReportRow(
+            "keyed always_invoice request (3 → 5 seats) SIGKILLed after its invoice commit, retried under its key",
+            runs=1,
+            kill_points="after_invoice_commit",
+            invoices=Invoice.objects.filter(tenant=tenant).count(),
+            duplicates=len(_update_invoices(sub)) - 1,
+            lost=0,
+            doctor_violations=0,
+            wall_s=time.monotonic() - started,
+            note="409 while the dead claim was fresh; the retry charged the first run's invoice (one PaymentIntent), "
+            "changed nothing again; the key then replays",
         )
     )
 
