@@ -1,0 +1,246 @@
+"""Dispatch through a stream (HARDCOUNT_DELIVERY_DISPATCH=nats): writers publish ids after commit, executors
+pull them from one durable consumer, PostgreSQL decides (docs/reference/webhooks.md#dispatch-through-a-stream,
+docs/decisions/0200-dispatch-through-a-stream.md).
+
+Each test runs its own ``nats-server -js`` (tests/outbox/natsserver.py) and real executors in this process
+against the test database and a real receiver. The stream is made to lose ids (never published, purged),
+to duplicate them (published again and again) and to crash mid-run; the lease and the sweep must still
+give every delivery exactly one recorded terminal outcome, and the receiver each event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+from outbox import executor as executor_module
+from outbox import stream as stream_module
+from outbox.models import Delivery, DeliveryAttempt
+from outbox.services import emit_event
+from outbox.stream import NatsDeliveryStream, Publisher
+
+from .conftest import Answer, assert_outbox_invariants, emit, make_endpoint, wait_until
+from .natsserver import nats_server  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Test-sized stream dispatch: no sweep unless a test asks for one.
+STREAMED = {"dispatch": "nats", "sweep_interval_s": None, "stream_retry_s": 0.5}
+SWEEPING = {"dispatch": "nats", "sweep_interval_s": 0.2, "sweep_age_s": 0.5, "stream_retry_s": 0.5}
+
+
+@pytest.fixture
+def nats_dispatch(settings, nats_server):  # noqa: F811
+    """Writers in this process publish to the test's own NATS server; a fresh publisher, stopped at the end."""
+    settings.HARDCOUNT_DELIVERY_DISPATCH = "nats"
+    settings.HARDCOUNT_NATS_URL = nats_server.url
+    fresh = Publisher()
+    stream_module._publishers[:] = [fresh]
+    yield nats_server
+    fresh.stop()
+    stream_module._publishers[:] = []
+
+
+def _run(coro_fn, url: str):
+    async def go():
+        stream = NatsDeliveryStream(url)
+        try:
+            return await coro_fn(stream)
+        finally:
+            await stream.close()
+
+    return asyncio.run(go())
+
+
+def consumer_state(url: str) -> dict[str, int]:
+    """The executors' durable consumer: messages waiting, handed out and not acked, handed out in all."""
+
+    async def read(stream):
+        js = await stream._connection(consume=True)
+        info = await js.consumer_info(stream.stream, stream.consumer)
+        return {
+            "pending": info.num_pending,
+            "unacked": info.num_ack_pending,
+            "delivered": info.delivered.stream_seq,
+        }
+
+    return _run(read, url)
+
+
+def publish_again(url: str, pairs: list[tuple[str, str]]) -> int:
+    return _run(lambda stream: stream.publish(pairs), url)
+
+
+def purge(url: str) -> None:
+    """The stream loses everything it holds."""
+
+    async def go(stream):
+        js = await stream._connection(consume=False)
+        await js.purge_stream(stream.stream)
+
+    _run(go, url)
+
+
+def emit_many(tenant, n: int, prefix: str = "in") -> list:
+    with transaction.atomic():
+        return [
+            emit_event(tenant_id=tenant.id, livemode=False, type="invoice.paid", data={"id": f"{prefix}_{i}"})
+            for i in range(n)
+        ]
+
+
+def assert_each_once(receiver, path: str, events) -> None:
+    """Every delivery to ``path`` succeeded with one succeeded attempt; the receiver got every event."""
+    deliveries = list(Delivery.objects.filter(event__in=events))
+    assert len(deliveries) == len(events)
+    assert {d.status for d in deliveries} == {"succeeded"}
+    assert all(1 <= d.attempts <= 8 for d in deliveries)
+    for d in deliveries:
+        assert DeliveryAttempt.objects.filter(delivery=d, outcome="succeeded").count() == 1
+    assert {r.json["id"] for r in receiver.received(path)} == {e.id for e in events}
+
+
+def test_a_committed_delivery_is_published_and_delivered_through_the_stream(
+    nats_dispatch, tenant_t, receiver, make_executor
+):
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    executor = make_executor(**STREAMED)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        emit_event(tenant_id=tenant_t.id, livemode=False, type="invoice.paid", data={"id": "in_rolled_back"})
+        raise RuntimeError("rolled back: nothing is published")
+    event = emit(tenant_t, "invoice.paid")
+    receiver.wait_for(1, "/hook", timeout_s=10)
+    delivery = wait_until(lambda: Delivery.objects.filter(event=event, status="succeeded").first(), what="recorded")
+    assert stream_module.publisher().published == 1  # the committed one; the rolled-back one never
+    # No sweep, no poll: the stream brought it, and the message was acked once the outcome was written.
+    wait_until(lambda: executor.stats["stream_ack"] == 1, timeout_s=10, what="the ack")
+    assert (executor.stats["stream_claimed"], executor.stats["swept"], executor.stats["polled"]) == (1, 0, 0)
+    assert consumer_state(nats_dispatch.url) == {"pending": 0, "unacked": 0, "delivered": 1}
+    assert [r.json["id"] for r in receiver.received("/hook")] == [event.id]
+    assert delivery.attempts == 1
+    assert_outbox_invariants()
+
+
+def test_lost_ids_are_delivered_by_the_sweep_and_never_without_it(
+    nats_dispatch, settings, tenant_t, receiver, make_executor
+):
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    # Lost two ways: never published (written while writers did not publish), and dropped by the stream.
+    settings.HARDCOUNT_DELIVERY_DISPATCH = "poll"
+    never_published = emit_many(tenant_t, 3, "never")
+    settings.HARDCOUNT_DELIVERY_DISPATCH = "nats"
+    dropped = emit_many(tenant_t, 3, "dropped")
+    assert stream_module.publisher().flush(10) and stream_module.publisher().published == 3
+    purge(nats_dispatch.url)
+    lost = never_published + dropped
+
+    # Negative control: without the sweep, an executor that only listens to the stream never sends them,
+    # though it delivers what the stream does bring.
+    deaf = make_executor(executor_id="no-sweep", **STREAMED)
+    control = emit(tenant_t, "invoice.paid", data={"id": "in_control"})
+    wait_until(lambda: Delivery.objects.filter(event=control, status="succeeded").exists(), what="the control")
+    time.sleep(2.0)
+    assert Delivery.objects.filter(event__in=lost, status="pending", attempts=0).count() == 6
+    assert {r.json["id"] for r in receiver.received("/hook")} == {control.id}
+    deaf.stop()
+
+    sweeping = make_executor(executor_id="sweeper", **SWEEPING)
+    wait_until(
+        lambda: Delivery.objects.filter(event__in=lost, status="succeeded").count() == 6, what="the sweep's deliveries"
+    )
+    assert sweeping.stats["swept"] == 6 and sweeping.stats["stream_claimed"] == 0
+    assert_each_once(receiver, "/hook", [*lost, control])
+    assert_outbox_invariants()
+
+
+def test_ids_duplicated_by_the_stream_deliver_each_delivery_once(nats_dispatch, tenant_t, receiver, make_executor):
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    # A slow receiver keeps rows held while their duplicates arrive at the other executor.
+    receiver.behave("/hook", lambda r, n: Answer(delay_s=0.1))
+    executors = [make_executor(executor_id=f"dup-{i}", **STREAMED) for i in range(2)]
+    events = emit_many(tenant_t, 12)
+    assert stream_module.publisher().flush(10)
+    pairs = [(tenant_t.id, d) for d in Delivery.objects.filter(event__in=events).values_list("id", flat=True)]
+    assert publish_again(nats_dispatch.url, pairs * 3) == 36  # every id four times in all
+    wait_until(lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 12, what="delivered")
+    # Every duplicate is acked once its row is found finished (or is naked until the holder's lease ends).
+    wait_until(
+        lambda: consumer_state(nats_dispatch.url) == {"pending": 0, "unacked": 0, "delivered": 48},
+        timeout_s=30,
+        what="every copy acked",
+    )
+    assert sum(e.stats["stream_claimed"] for e in executors) == 12
+    assert sum(e.stats["stream_messages"] for e in executors) >= 48
+    assert len(receiver.received("/hook")) == 12  # the receiver saw each event once: no copy was sent
+    assert_each_once(receiver, "/hook", events)
+    assert all(d.attempts == 1 for d in Delivery.objects.filter(event__in=events))
+    assert_outbox_invariants()
+
+
+def test_a_retry_comes_back_through_the_stream_when_it_is_due(
+    nats_dispatch, monkeypatch, tenant_t, receiver, make_executor
+):
+    monkeypatch.setattr(executor_module, "RETRY_SCHEDULE_S", (1.5,) * 7)
+    receiver.behave("/hook", lambda r, n: Answer(500, b"later") if n == 1 else Answer())
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    executor = make_executor(jitter=0.0, **STREAMED)
+    event = emit(tenant_t, "invoice.paid")
+    receiver.wait_for(1, "/hook", timeout_s=10)
+    retrying = wait_until(lambda: Delivery.objects.filter(event=event, status="retrying").first(), what="retrying")
+    wait_until(lambda: executor.stats["stream_nak"] == 1, timeout_s=5, what="the nak with the backoff")
+    second = receiver.wait_for(2, "/hook", timeout_s=10)[1]
+    # It came back no sooner than the row was due (the nak's delay is the backoff the row was given),
+    # through the stream alone: this executor has no sweep.
+    assert second.wall >= retrying.fire_after.timestamp() - 0.05
+    wait_until(lambda: Delivery.objects.filter(event=event, status="succeeded").exists(), what="succeeded")
+    assert executor.stats["stream_claimed"] == 2 and executor.stats["swept"] == 0
+    wait_until(lambda: consumer_state(nats_dispatch.url)["unacked"] == 0, timeout_s=10, what="acked")
+    assert [a.outcome for a in DeliveryAttempt.objects.filter(delivery__event=event).order_by("number")] == [
+        "retryable",
+        "succeeded",
+    ]
+    assert_outbox_invariants()
+
+
+def test_the_stream_restarted_mid_run_loses_no_delivery_and_repeats_none(
+    nats_dispatch, tenant_t, receiver, make_executor
+):
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    receiver.behave("/hook", lambda r, n: Answer(delay_s=0.05))
+    executors = [make_executor(executor_id=f"restart-{i}", **SWEEPING) for i in range(2)]
+    events: list = []
+    errors: list[BaseException] = []
+
+    def write():
+        from django.db import connections
+
+        try:
+            for batch in range(12):
+                events.extend(emit_many(tenant_t, 5, f"b{batch}"))
+                time.sleep(0.15)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    wait_until(lambda: len(receiver.received("/hook")) >= 10, timeout_s=20, what="deliveries before the crash")
+    nats_dispatch.restart(down_s=1.5)  # SIGKILL mid-run; writes go on meanwhile (their ids are not published)
+    writer.join(60)
+    assert not writer.is_alive() and errors == []
+    wait_until(
+        lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 60,
+        timeout_s=60,
+        what="all 60 delivered",
+    )
+    assert sum(e.stats["stream_unavailable"] for e in executors) >= 1  # they saw the crash
+    assert sum(e.stats["stream_claimed"] for e in executors) >= 10
+    assert sum(e.stats["stream_claimed"] + e.stats["swept"] + e.stats["polled"] for e in executors) == 60
+    assert len(receiver.received("/hook")) == 60
+    assert_each_once(receiver, "/hook", events)
+    assert_outbox_invariants()
