@@ -559,13 +559,16 @@ class Executor:
         """Fill idle workers with the rows of the ids the stream hands over; sweep on a timer; poll while it is down.
 
         The sweep (``queries.CLAIM_AGED_RECORDING_LOST``) claims rows due for over ``sweep_age_s``:
-        what no message brought, whatever the reason. It repeats at once while it fills every idle
-        worker (a backlog the stream never saw), else every ``sweep_interval_s``. While the stream is
-        unreachable the claim query is the whole dispatch, as in poll mode, retried every poll interval.
+        what no message brought, whatever the reason. It runs every ``sweep_interval_s``, and again at
+        once while it fills every idle worker and the stream has nothing to hand over (a backlog the
+        stream lost or never saw); while the stream brings work, the sweep takes at most the workers
+        idle at its tick, so a backlog the stream does hold is worked through the stream. While the
+        stream is unreachable the claim query is the whole dispatch, as in poll mode.
         """
         cfg = self.config
         next_sweep = time.monotonic()  # rows left from before this executor started: at once
         down_until = 0.0
+        stream_idle = True  # the last fetch found nothing
         while not self._stopping.is_set():
             self._worker_done.clear()
             idle = cfg.workers - len(self._inflight)
@@ -584,7 +587,7 @@ class Executor:
                     continue
                 self.stats.counts["swept" if stream_up else "polled"] += len(claims)
                 self._start(claims)
-                if len(claims) < idle and cfg.sweep_interval_s is not None:
+                if cfg.sweep_interval_s is not None and (len(claims) < idle or not stream_idle):
                     next_sweep = now + cfg.sweep_interval_s
                 if not stream_up:
                     if len(claims) < idle:
@@ -603,6 +606,7 @@ class Executor:
                 log.warning("outbox stream unavailable; polling for %g s: %s", cfg.stream_retry_s, exc)
                 down_until = time.monotonic() + cfg.stream_retry_s
                 continue
+            stream_idle = not messages
             if messages:
                 await self._claim_messages(messages)
 
