@@ -121,51 +121,81 @@ class NatsDeliveryStream:
         self._js: Any = None
         self._sub: Any = None
         self._lock = asyncio.Lock()
+        self._opening: asyncio.Future | None = None
+        self._failed = False
 
-    async def _connection(self, *, consume: bool) -> Any:
-        """The JetStream context (with the pull subscription when ``consume``), connecting when needed."""
+    async def _open(self) -> tuple[Any, Any]:
+        """Connect and make sure the stream exists; ``(client, JetStream context)``. Raises StreamUnavailable."""
         import nats
         from nats.js import api
 
-        async with self._lock:
-            if self._nc is not None and self._nc.is_closed:
-                self._nc = self._js = self._sub = None
-            if self._nc is None:
+        async def quiet(exc: Exception) -> None:
+            log.debug("nats connection error: %s", exc)
 
-                async def quiet(exc: Exception) -> None:
-                    log.debug("nats connection error: %s", exc)
-
-                nc = nats.NATS()
-                try:
-                    # max_reconnect_attempts=-1: once connected, reconnect forever (a restarted server is
-                    # picked up again); the first connect is bounded here instead.
-                    await asyncio.wait_for(
-                        nc.connect(
-                            self.url,
-                            connect_timeout=self.connect_timeout_s,
-                            reconnect_time_wait=0.5,
-                            max_reconnect_attempts=-1,
-                            error_cb=quiet,
-                            name=f"hardcount-outbox-{os.getpid()}",
-                        ),
-                        self.connect_timeout_s + 1,
-                    )
-                    js = nc.jetstream(timeout=self.request_timeout_s)
-                    config = api.StreamConfig(
+        nc = nats.NATS()
+        try:
+            # max_reconnect_attempts=-1: once connected, reconnect forever (a restarted server is picked up
+            # again); the first connect is bounded here instead.
+            await asyncio.wait_for(
+                nc.connect(
+                    self.url,
+                    connect_timeout=self.connect_timeout_s,
+                    reconnect_time_wait=0.5,
+                    max_reconnect_attempts=-1,
+                    error_cb=quiet,
+                    name=f"hardcount-outbox-{os.getpid()}",
+                ),
+                self.connect_timeout_s + 1,
+            )
+            js = nc.jetstream(timeout=self.request_timeout_s)
+            try:
+                await js.stream_info(self.stream)
+            except nats.js.errors.NotFoundError:
+                await js.add_stream(
+                    api.StreamConfig(
                         name=self.stream,
                         subjects=[f"{self.subject_prefix}.>"],
                         retention=api.RetentionPolicy.WORK_QUEUE,
                         storage=api.StorageType.FILE,
                         max_age=MAX_AGE_S,
                     )
-                    try:
-                        await js.stream_info(self.stream)
-                    except nats.js.errors.NotFoundError:
-                        await js.add_stream(config)
-                except Exception as exc:
-                    await _close_quietly(nc)
-                    raise StreamUnavailable(f"nats at {self.url}: {type(exc).__name__}: {exc}") from exc
-                self._nc, self._js = nc, js
+                )
+        except asyncio.CancelledError:
+            await _close_quietly(nc)
+            raise
+        except Exception as exc:
+            await _close_quietly(nc)
+            raise StreamUnavailable(f"nats at {self.url}: {type(exc).__name__}: {exc}") from exc
+        return nc, js
+
+    async def _connection(self, *, consume: bool) -> Any:
+        """The JetStream context (with the pull subscription when ``consume``), connecting when needed.
+
+        The first connect is awaited; after one failed, the next is made in the background and
+        callers get :class:`StreamUnavailable` at once until it succeeds, so an executor polling
+        while the stream is down is not held up by connect timeouts.
+        """
+        from nats.js import api
+
+        async with self._lock:
+            if self._nc is not None and self._nc.is_closed:
+                self._nc = self._js = self._sub = None
+            if self._nc is None:
+                if self._opening is None:
+                    self._opening = asyncio.ensure_future(self._open())
+                    self._opening.add_done_callback(lambda f: f.cancelled() or f.exception())
+                opening = self._opening
+                if self._failed and not opening.done():
+                    raise StreamUnavailable(f"nats at {self.url}: connecting")
+                try:
+                    self._nc, self._js = await asyncio.shield(opening)
+                except StreamUnavailable:
+                    self._failed = True
+                    raise
+                finally:
+                    if opening.done():
+                        self._opening = None
+                self._failed = False
             if consume and self._sub is None:
                 try:
                     self._sub = await self._js.pull_subscribe(
@@ -250,6 +280,13 @@ class NatsDeliveryStream:
 
     async def close(self) -> None:
         """See :meth:`DeliveryStream.close`."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            if not opening.done():
+                opening.cancel()
+                await asyncio.gather(opening, return_exceptions=True)
+            elif not opening.cancelled() and opening.exception() is None:
+                await _close_quietly(opening.result()[0])
         await self._drop()
 
 

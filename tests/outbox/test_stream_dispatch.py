@@ -18,6 +18,7 @@ import pytest
 from django.db import transaction
 
 from outbox import executor as executor_module
+from outbox import queries
 from outbox import stream as stream_module
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.services import emit_event
@@ -242,5 +243,39 @@ def test_the_stream_restarted_mid_run_loses_no_delivery_and_repeats_none(
     assert sum(e.stats["stream_claimed"] for e in executors) >= 10
     assert sum(e.stats["stream_claimed"] + e.stats["swept"] + e.stats["polled"] for e in executors) == 60
     assert len(receiver.received("/hook")) == 60
+    assert_each_once(receiver, "/hook", events)
+    assert_outbox_invariants()
+
+
+@pytest.mark.parametrize("lease", ["kept", "negative control: ignored"])
+def test_a_copy_handed_out_while_the_row_is_held_is_not_sent_again(
+    nats_dispatch, settings, monkeypatch, tenant_t, receiver, make_executor, lease
+):
+    """Each id published twice in a row: two executors of one worker each get the two copies at once.
+
+    The claim's lease predicate refuses the second copy while the first is in flight (it is naked until
+    the lease ends, then acked as finished). The negative control claims streamed ids without that
+    predicate, as a consumer that trusts its message would: the receiver then gets events twice.
+    """
+    if lease != "kept":
+        trusting = queries.CLAIM_IDS_RECORDING_LOST.replace(
+            "AND (d.claim_expires_at IS NULL OR d.claim_expires_at < now())", ""
+        )
+        assert trusting != queries.CLAIM_IDS_RECORDING_LOST
+        monkeypatch.setattr(queries, "CLAIM_IDS_RECORDING_LOST", trusting)
+    receiver.behave("/hook", lambda r, n: Answer(delay_s=0.5))
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    settings.HARDCOUNT_DELIVERY_DISPATCH = "poll"  # published by hand below, in pairs
+    events = emit_many(tenant_t, 4)
+    ids = list(Delivery.objects.filter(event__in=events).order_by("id").values_list("id", flat=True))
+    executors = [make_executor(executor_id=f"one-worker-{i}", workers=1, **STREAMED) for i in range(2)]
+    assert publish_again(nats_dispatch.url, [(tenant_t.id, d) for d in ids for _ in range(2)]) == 8
+    wait_until(lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 4, what="delivered")
+    if lease != "kept":
+        wait_until(lambda: len(receiver.received("/hook")) > 4, timeout_s=10, what="a copy sent again")
+        return
+    wait_until(lambda: consumer_state(nats_dispatch.url)["unacked"] == 0, timeout_s=20, what="every copy acked")
+    assert sum(e.stats["stream_nak"] for e in executors) >= 1  # a copy did arrive while its row was held
+    assert len(receiver.received("/hook")) == 4
     assert_each_once(receiver, "/hook", events)
     assert_outbox_invariants()
