@@ -23,6 +23,12 @@ Shape: one thread runs an asyncio loop with
 - a **reaper** that re-queues deliveries whose lease expired (``queries.REAP_EXPIRED_CLAIMS``),
   its own replica's included, recording the lost attempt.
 
+With ``dispatch="nats"`` (``HARDCOUNT_DELIVERY_DISPATCH``) the dispatcher takes delivery ids from a
+stream (:mod:`outbox.stream`) instead of polling, claims their rows with the same predicate and lease
+(``queries.CLAIM_IDS_RECORDING_LOST``), acks or naks each message once its outcome is written, and
+sweeps on a timer for rows no message brought (``queries.CLAIM_AGED_RECORDING_LOST``); everything
+below the dispatcher is the same (docs/decisions/0200-dispatch-through-a-stream.md).
+
 The lease is ``claimed_by`` + ``claim_expires_at = now() + 2 × timeout_s``. Attempts are
 spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
@@ -183,6 +189,10 @@ class ExecutorConfig:
     sweep_age_s: float = 5.0
     # How long an unreachable stream is left alone before the executor tries it again, s.
     stream_retry_s: float = 5.0
+    # How long a fetch waits for the stream's first id, s: returns at once when ids are there. Not the poll
+    # interval: on a loaded machine the stream's answer can take longer than a short poll, and a fetch
+    # that timed out looks like an empty stream, which would hand a backlog to the sweep.
+    fetch_wait_s: float = 1.0
 
     @property
     def lease_s(self) -> float:
@@ -568,7 +578,9 @@ class Executor:
         cfg = self.config
         next_sweep = time.monotonic()  # rows left from before this executor started: at once
         down_until = 0.0
-        stream_idle = True  # the last fetch found nothing
+        # The last fetch found nothing. Not assumed at start: a backlog the stream holds must not be
+        # drained by sweeps that never leave a worker idle for a fetch.
+        stream_idle = False
         while not self._stopping.is_set():
             self._worker_done.clear()
             idle = cfg.workers - len(self._inflight)
@@ -596,9 +608,9 @@ class Executor:
                 idle -= len(claims)
                 if idle <= 0:
                     continue
-            timeout_s = cfg.poll_interval_s
+            timeout_s = cfg.fetch_wait_s
             if cfg.sweep_interval_s is not None:
-                timeout_s = min(timeout_s, max(0.05, next_sweep - time.monotonic()))
+                timeout_s = min(timeout_s, max(cfg.fetch_wait_s / 2, next_sweep - time.monotonic()))
             try:
                 messages = await self._stream.fetch(idle, timeout_s)
             except StreamUnavailable as exc:
@@ -690,10 +702,12 @@ class Executor:
             log.exception("outbox delivery crashed delivery=%s claim=%s", c.id, c.claim)
             self.stats.counts["crashed"] += 1
         finally:
-            if c.message is not None:
-                await self._settle(c)
-            self._inflight.pop(c.claim, None)
-            self._worker_done.set()
+            try:
+                if c.message is not None:
+                    await self._settle(c)
+            finally:
+                self._inflight.pop(c.claim, None)
+                self._worker_done.set()
 
     async def _handle(self, c: _Claim) -> None:
         if c.prev_attempts >= MAX_ATTEMPTS:

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from outbox.metrics import STREAM_IDS
+
 log = logging.getLogger("outbox.stream")
 
 # The stream keeps a message at most this long (a week: longer than the retry schedule's day and an
@@ -344,6 +346,8 @@ class Publisher:
                 self._start()  # after a fork (gunicorn's workers) the parent's thread is not ours
             overflow = max(0, len(self._queue) + len(deliveries) - (self._queue.maxlen or 0))
             self.dropped += overflow
+            if overflow:
+                STREAM_IDS.labels(result="dropped").inc(overflow)
             self._queue.extend(deliveries)
             self._idle.clear()
         loop, wake = self._loop, self._wake
@@ -386,12 +390,16 @@ class Publisher:
                     if not batch:
                         break
                     try:
-                        self.published += await stream.publish(batch)
+                        published = await stream.publish(batch)
+                        self.published += published
+                        STREAM_IDS.labels(result="published").inc(published)
                     except StreamUnavailable as exc:
                         self.dropped += len(batch)
+                        STREAM_IDS.labels(result="dropped").inc(len(batch))
                         log.warning("outbox publish failed; %d ids left to the sweep: %s", len(batch), exc)
                     except Exception:
                         self.dropped += len(batch)
+                        STREAM_IDS.labels(result="dropped").inc(len(batch))
                         log.exception("outbox publish crashed; %d ids left to the sweep", len(batch))
                 with self._lock:
                     if not self._queue:

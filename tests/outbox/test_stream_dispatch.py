@@ -11,7 +11,9 @@ give every delivery exactly one recorded terminal outcome, and the receiver each
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -20,6 +22,7 @@ from django.db import transaction
 from outbox import executor as executor_module
 from outbox import queries
 from outbox import stream as stream_module
+from outbox.metrics import STREAM_IDS
 from outbox.models import Delivery, DeliveryAttempt
 from outbox.services import emit_event
 from outbox.stream import NatsDeliveryStream, Publisher
@@ -110,6 +113,7 @@ def test_a_committed_delivery_is_published_and_delivered_through_the_stream(
 ):
     make_endpoint(tenant_t, receiver.url("/hook"))
     executor = make_executor(**STREAMED)
+    published_before = STREAM_IDS.labels(result="published")._value.get()
     with pytest.raises(RuntimeError), transaction.atomic():
         emit_event(tenant_id=tenant_t.id, livemode=False, type="invoice.paid", data={"id": "in_rolled_back"})
         raise RuntimeError("rolled back: nothing is published")
@@ -117,6 +121,7 @@ def test_a_committed_delivery_is_published_and_delivered_through_the_stream(
     receiver.wait_for(1, "/hook", timeout_s=10)
     delivery = wait_until(lambda: Delivery.objects.filter(event=event, status="succeeded").first(), what="recorded")
     assert stream_module.publisher().published == 1  # the committed one; the rolled-back one never
+    assert STREAM_IDS.labels(result="published")._value.get() - published_before == 1
     # No sweep, no poll: the stream brought it, and the message was acked once the outcome was written.
     wait_until(lambda: executor.stats["stream_ack"] == 1, timeout_s=10, what="the ack")
     assert (executor.stats["stream_claimed"], executor.stats["swept"], executor.stats["polled"]) == (1, 0, 0)
@@ -156,6 +161,23 @@ def test_lost_ids_are_delivered_by_the_sweep_and_never_without_it(
     assert sweeping.stats["swept"] == 6 and sweeping.stats["stream_claimed"] == 0
     assert_each_once(receiver, "/hook", [*lost, control])
     assert_outbox_invariants()
+
+
+def test_a_backlog_the_stream_holds_is_worked_through_the_stream_not_the_sweep(
+    nats_dispatch, tenant_t, receiver, make_executor
+):
+    """Rows due for longer than the sweep age when the executor starts, their ids in the stream: the sweep
+    takes the idle workers at its tick, the stream everything else (a sweep that never left a worker idle
+    for a fetch would have drained the whole backlog with the claim query)."""
+    make_endpoint(tenant_t, receiver.url("/hook"))
+    events = emit_many(tenant_t, 40)
+    assert stream_module.publisher().flush(10) and stream_module.publisher().published == 40
+    time.sleep(1.0)  # every row is now due for longer than the sweep age
+    executor = make_executor(**{**SWEEPING, "sweep_interval_s": 30.0})
+    wait_until(lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 40, what="delivered")
+    assert executor.stats["swept"] <= executor.config.workers  # the sweep at start, once
+    assert executor.stats["stream_claimed"] == 40 - executor.stats["swept"]
+    assert_each_once(receiver, "/hook", events)
 
 
 def test_ids_duplicated_by_the_stream_deliver_each_delivery_once(nats_dispatch, tenant_t, receiver, make_executor):
@@ -213,36 +235,29 @@ def test_the_stream_restarted_mid_run_loses_no_delivery_and_repeats_none(
     make_endpoint(tenant_t, receiver.url("/hook"))
     receiver.behave("/hook", lambda r, n: Answer(delay_s=0.05))
     executors = [make_executor(executor_id=f"restart-{i}", **SWEEPING) for i in range(2)]
-    events: list = []
-    errors: list[BaseException] = []
+    publisher = stream_module.publisher()
+    dropped_before = STREAM_IDS.labels(result="dropped")._value.get()
 
-    def write():
-        from django.db import connections
-
-        try:
-            for batch in range(12):
-                events.extend(emit_many(tenant_t, 5, f"b{batch}"))
-                time.sleep(0.15)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    wait_until(lambda: len(receiver.received("/hook")) >= 10, timeout_s=20, what="deliveries before the crash")
-    nats_dispatch.restart(down_s=1.5)  # SIGKILL mid-run; writes go on meanwhile (their ids are not published)
-    writer.join(60)
-    assert not writer.is_alive() and errors == []
+    before = emit_many(tenant_t, 30, "before")
+    receiver.wait_for(10, "/hook", timeout_s=20)
+    nats_dispatch.kill()  # SIGKILL mid-run, deliveries in flight
+    during = emit_many(tenant_t, 30, "during")  # committed while the stream is down: never confirmed
+    assert publisher.flush(15)
+    assert publisher.dropped == 30 and STREAM_IDS.labels(result="dropped")._value.get() - dropped_before == 30
+    wait_until(lambda: sum(e.stats["stream_unavailable"] for e in executors) >= 2, what="both executors polling")
+    nats_dispatch.start()  # the same port and store
+    after = emit_many(tenant_t, 30, "after")
+    events = before + during + after
     wait_until(
-        lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 60,
+        lambda: Delivery.objects.filter(event__in=events, status="succeeded").count() == 90,
         timeout_s=60,
-        what="all 60 delivered",
+        what="all 90 delivered",
     )
-    assert sum(e.stats["stream_unavailable"] for e in executors) >= 1  # they saw the crash
-    assert sum(e.stats["stream_claimed"] for e in executors) >= 10
-    assert sum(e.stats["stream_claimed"] + e.stats["swept"] + e.stats["polled"] for e in executors) == 60
-    assert len(receiver.received("/hook")) == 60
+    claims = {k: sum(e.stats[k] for e in executors) for k in ("stream_claimed", "swept", "polled")}
+    assert sum(claims.values()) == 90, claims  # one claim per delivery: nothing was sent twice
+    assert claims["swept"] + claims["polled"] >= 30, claims  # what the stream never had
+    assert claims["stream_claimed"] >= 10, claims
+    assert len(receiver.received("/hook")) == 90
     assert_each_once(receiver, "/hook", events)
     assert_outbox_invariants()
 
@@ -279,3 +294,20 @@ def test_a_copy_handed_out_while_the_row_is_held_is_not_sent_again(
     assert len(receiver.received("/hook")) == 4
     assert_each_once(receiver, "/hook", events)
     assert_outbox_invariants()
+
+
+def test_an_unknown_dispatch_is_refused_at_start():
+    """A typo in HARDCOUNT_DELIVERY_DISPATCH stops the settings from loading; an executor refuses one too."""
+    env = {**os.environ, "HARDCOUNT_DELIVERY_DISPATCH": "kafka", "DJANGO_SETTINGS_MODULE": "hardcount.settings"}
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode != 0
+    assert "HARDCOUNT_DELIVERY_DISPATCH must be 'poll' or 'nats', not 'kafka'" in loaded.stderr
+    with pytest.raises(ValueError, match="unknown dispatch"):
+        executor_module.Executor(executor_module.ExecutorConfig(dispatch="kafka"), conninfo="dbname=unused")
