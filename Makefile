@@ -80,12 +80,13 @@ fuzz: $(STAMP)
 # drain and inside a close, racing drains, the negative control without the unique index, webhook
 # executors killed mid-delivery (tests/system/test_failure_correctness.py), PostgreSQL restarted
 # mid-drain (tests/system/test_pg_restart.py, on a server of its own), subscription changes and billing-cycle
-# restarts killed mid-way or racing a drain (tests/system/test_change_processes.py). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
+# restarts killed mid-way or racing a drain (tests/system/test_change_processes.py), the executor kills with
+# dispatch through NATS and the stream engine killed too (tests/system/test_stream_processes.py). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
 # (docs/benchmarks/failure-correctness.md holds a committed run).
 CORRECTNESS_ROWS := $(abspath $(VAR_DIR))/correctness-rows.jsonl
-correctness: $(STAMP)
+correctness: $(STAMP) nats
 	mkdir -p $(VAR_DIR) && rm -f $(CORRECTNESS_ROWS)
-	HARDCOUNT_CORRECTNESS_REPORT=$(CORRECTNESS_ROWS) $(VENV)/bin/pytest tests/system/test_failure_correctness.py tests/system/test_pg_restart.py tests/system/test_change_processes.py -v; \
+	HARDCOUNT_CORRECTNESS_REPORT=$(CORRECTNESS_ROWS) $(VENV)/bin/pytest tests/system/test_failure_correctness.py tests/system/test_pg_restart.py tests/system/test_change_processes.py tests/system/test_stream_processes.py -v; \
 	status=$$?; \
 	$(PY) -m tests.system.correctness_report $(CORRECTNESS_ROWS) --out $(VAR_DIR)/failure-correctness.md --status $$status; \
 	exit $$status

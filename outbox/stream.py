@@ -320,7 +320,8 @@ class Publisher:
     :meth:`submit` never blocks and never raises: it queues the ids (at most ``max_queued``; past
     that the oldest are dropped) for the thread, which publishes whatever is queued in one batch.
     Ids it could not publish (stream down, queue full, the process killed first) are dropped and
-    counted: the executors' sweep finds their rows in PostgreSQL.
+    counted: the executors' sweep finds their rows in PostgreSQL. One whose acknowledgement timed out
+    may still be stored later (the client sends what it buffered while reconnecting): a duplicate.
     """
 
     def __init__(self, make_stream=stream_from_settings, *, max_queued: int = 100_000):
