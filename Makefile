@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 # Where the embedded PostgreSQL, the demo's keys and the logs live (settings read the same variable).
 VAR_DIR := $(or $(HARDCOUNT_VAR_DIR),var)
 
-.PHONY: run test test-quick lint fmt fuzz check-imports stop-db clean correctness browser pango pgbouncer
+.PHONY: run test test-quick lint fmt fuzz check-imports stop-db clean correctness browser pango pgbouncer nats
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,13 +56,21 @@ pgbouncer:
 		apt-get install -y pgbouncer || (apt-get update && apt-get install -y pgbouncer); \
 	fi
 
+# Debian's NATS server, which the stream-dispatch tests start with JetStream on a free port of their own
+# (tests/outbox/test_stream_dispatch.py; HARDCOUNT_DELIVERY_DISPATCH=nats, docs/reference/webhooks.md):
+# installed when missing and we are root; otherwise those tests skip, naming what is missing.
+nats:
+	@if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y nats-server || (apt-get update && apt-get install -y nats-server); \
+	fi
+
 # Everything, as CI runs it; the 25 slowest tests are listed at the end. The tests use the development
 # stack (seed_demo, serve, localstripe): the devstack app must be installed.
-test: lint browser pango pgbouncer
+test: lint browser pango pgbouncer nats
 	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest --durations=25
 
 # The inner loop at the keyboard: lint and every test except the process-level (system) and slow ones.
-test-quick: lint browser pango pgbouncer
+test-quick: lint browser pango pgbouncer nats
 	HARDCOUNT_DEVSTACK=1 $(VENV)/bin/pytest -m "not system and not slow" --durations=10
 
 fuzz: $(STAMP)
@@ -72,12 +80,13 @@ fuzz: $(STAMP)
 # drain and inside a close, racing drains, the negative control without the unique index, webhook
 # executors killed mid-delivery (tests/system/test_failure_correctness.py), PostgreSQL restarted
 # mid-drain (tests/system/test_pg_restart.py, on a server of its own), subscription changes and billing-cycle
-# restarts killed mid-way or racing a drain (tests/system/test_change_processes.py). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
+# restarts killed mid-way or racing a drain (tests/system/test_change_processes.py), the executor kills with
+# dispatch through NATS and the stream engine killed too (tests/system/test_stream_processes.py). Prints the report table and writes it to $(VAR_DIR)/failure-correctness.md
 # (docs/benchmarks/failure-correctness.md holds a committed run).
 CORRECTNESS_ROWS := $(abspath $(VAR_DIR))/correctness-rows.jsonl
-correctness: $(STAMP)
+correctness: $(STAMP) nats
 	mkdir -p $(VAR_DIR) && rm -f $(CORRECTNESS_ROWS)
-	HARDCOUNT_CORRECTNESS_REPORT=$(CORRECTNESS_ROWS) $(VENV)/bin/pytest tests/system/test_failure_correctness.py tests/system/test_pg_restart.py tests/system/test_change_processes.py -v; \
+	HARDCOUNT_CORRECTNESS_REPORT=$(CORRECTNESS_ROWS) $(VENV)/bin/pytest tests/system/test_failure_correctness.py tests/system/test_pg_restart.py tests/system/test_change_processes.py tests/system/test_stream_processes.py -v; \
 	status=$$?; \
 	$(PY) -m tests.system.correctness_report $(CORRECTNESS_ROWS) --out $(VAR_DIR)/failure-correctness.md --status $$status; \
 	exit $$status

@@ -1,6 +1,7 @@
 """Sustained deliveries per second through the outbox executor, beside Procrastinate on the same database.
 
     .venv/bin/python bench/outbox_delivery.py [--processes 1,2,3] [--workers 8] [--seconds 60] [--backlog 130000]
+                                              [--sides procrastinate,poll,nats]
 
 Both sides do the same work per job: claim a row from PostgreSQL, POST the same signed
 JSON body to a local receiver that answers 200 at once, and record completion in the
@@ -17,6 +18,14 @@ Runs in a throw-away database (``bench_outbox``, created and migrated, dropped a
 on the embedded PostgreSQL or ``DATABASE_URL``. Prints a table: each side's mean rate over
 the run and its slowest window, per number of processes, and the ratio Hardcount / Procrastinate.
 A run whose backlog ran out before the end says so (raise ``--backlog``).
+
+The executor runs twice per number of processes, on the same deliveries, receiver and concurrency: with
+the claim query (``poll``, the default dispatch) and through a stream (``nats``,
+``HARDCOUNT_DELIVERY_DISPATCH=nats``: the loader publishes every delivery id after commit to a
+``nats-server -js`` the bench starts on a free port with a temporary store, and the executors pull ids
+from the shared durable consumer; docs/decisions/0200). The stream side's backlog is published before
+its clock starts; each executor process prints how many rows the stream brought and how many its sweep
+claimed. Without ``nats-server`` (``make nats``) the stream side is left out, saying so.
 """
 
 from __future__ import annotations
@@ -26,7 +35,11 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -79,28 +92,108 @@ def _serve(port_queue) -> None:
 # --- Hardcount ----------------------------------------------------------------------------
 
 
-def _executor_process(conninfo: str, workers: int, index: int, ready, stop) -> None:
-    """One executor process (the bench's DATABASE_URL and allowlist come from the environment)."""
+def _executor_process(conninfo: str, workers: int, nats_url: str | None, index: int, ready, stop) -> None:
+    """One executor process (the bench's DATABASE_URL and allowlist come from the environment).
+
+    With ``nats_url`` it dispatches through the stream there, else with the claim query.
+    """
     import django
 
     django.setup()
     from outbox.executor import Executor, ExecutorConfig
+    from outbox.stream import NatsDeliveryStream
 
-    config = ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=0.05)
-    executor = Executor(config, executor_id=f"bench-{index}", conninfo=conninfo).start()
+    dispatch = "nats" if nats_url else "poll"
+    config = ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=0.05, dispatch=dispatch)
+    stream = NatsDeliveryStream(nats_url, ack_wait_s=config.stream_ack_wait_s) if nats_url else None
+    executor = Executor(config, executor_id=f"bench-{index}", conninfo=conninfo, stream=stream).start()
     ready.set()
     stop.wait()
     executor.stop()
+    if nats_url:
+        c = executor.stats.counts
+        print(
+            f"    executor {index}: {c['stream_claimed']} rows from the stream ({c['stream_messages']} messages), "
+            f"{c['swept']} swept, {c['polled']} polled while the stream was down",
+            flush=True,
+        )
 
 
-def load_hardcount(url: str, backlog: int) -> None:
-    """Empty the outbox and queue ``backlog`` deliveries of ``invoice.paid`` to one endpoint at ``url``."""
+# --- the stream engine (its own process) ---------------------------------------------------
+
+
+class NatsServer:
+    """``nats-server -js`` on a free port with a temporary store, for the stream side; ``None`` url if absent."""
+
+    def __init__(self):
+        binary = shutil.which("nats-server") or (
+            "/usr/sbin/nats-server" if os.access("/usr/sbin/nats-server", os.X_OK) else None
+        )
+        self.url = None
+        self.process = None
+        if binary is None:
+            return
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.store = tempfile.mkdtemp(prefix="bench-nats-")
+        self.process = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", self.store],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                self.url = f"nats://127.0.0.1:{port}"
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nats-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            shutil.rmtree(self.store, ignore_errors=True)
+
+
+def purge_stream(url: str) -> None:
+    """Empty the stream and its consumer's backlog (the previous run's ids)."""
+    from outbox.stream import NatsDeliveryStream
+
+    async def run() -> None:
+        stream = NatsDeliveryStream(url)
+        try:
+            js = await stream._connection(consume=False)
+            await js.purge_stream(stream.stream)
+        finally:
+            await stream.close()
+
+    asyncio.run(run())
+
+
+def load_hardcount(url: str, backlog: int, *, nats_url: str | None = None) -> None:
+    """Empty the outbox and queue ``backlog`` deliveries of ``invoice.paid`` to one endpoint at ``url``.
+
+    With ``nats_url``, the writer publishes every delivery's id there after commit (the stream side);
+    returns once all are published.
+    """
+    from django.conf import settings
     from django.db import connection, transaction
 
     from hardcount.models import Tenant
+    from outbox import stream as stream_module
     from outbox.models import WebhookEndpoint
     from outbox.services import emit_events
     from outbox.signing import generate_secret
+
+    settings.HARDCOUNT_DELIVERY_DISPATCH = "nats" if nats_url else "poll"
+    if nats_url:
+        settings.HARDCOUNT_NATS_URL = nats_url
+        purge_stream(nats_url)
+        stream_module._publishers[:] = [stream_module.Publisher()]
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery, outbox_event, outbox_webhookendpoint CASCADE")
@@ -112,6 +205,15 @@ def load_hardcount(url: str, backlog: int) -> None:
             numbers = range(start, min(backlog, start + 20000))
             events = [("invoice.paid", {"id": f"in_{i}", "n": i}, None) for i in numbers]
             emit_events(events, tenant_id=tenant.id, livemode=False)
+    if nats_url:
+        publisher = stream_module.publisher()
+        if not publisher.flush(300):
+            raise RuntimeError("the delivery ids were not published in 300 s")
+        publisher.stop()
+        stream_module._publishers[:] = []
+        settings.HARDCOUNT_DELIVERY_DISPATCH = "poll"
+        if publisher.published != backlog:
+            raise RuntimeError(f"{publisher.published} of {backlog} ids published ({publisher.dropped} dropped)")
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE outbox_delivery")
         cursor.execute("VACUUM ANALYZE outbox_event")
@@ -262,8 +364,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--every", type=float, default=5.0, help="window of the printed rates, s (default 5)")
     parser.add_argument("--backlog", type=int, default=130000, help="jobs queued before each run (default 130000)")
+    parser.add_argument(
+        "--sides",
+        default="procrastinate,poll,nats",
+        help="what runs: procrastinate, poll (the executor with the claim query), nats (through the stream)",
+    )
     args = parser.parse_args()
     counts = [int(p) for p in args.processes.split(",")]
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
 
     import django
 
@@ -291,50 +399,63 @@ def main() -> None:
         f"postgresql://{quote(db['USER'] or 'postgres')}@localhost:{db['PORT'] or 5432}/{db['NAME']}"
         f"?host={quote(db['HOST'])}"
     )
+    nats = NatsServer() if "nats" in sides else None
+    if nats is not None and nats.url is None:
+        print("  nats-server is not installed (make nats): the stream side is left out", flush=True)
+        sides.remove("nats")
     results: dict[int, dict[str, dict]] = {}
+    common = {"seconds": args.seconds, "every": args.every, "backlog": args.backlog}
     try:
         conninfo = conninfo_from_django()
         for processes in counts:
             print(f"  {processes} process(es) x {args.workers} workers, {args.seconds:g} s each:", flush=True)
-            load_procrastinate(conninfo, url, args.workers, args.backlog)
-            peer = sustained(
-                "procrastinate",
-                _procrastinate_process,
-                lambda i: (conninfo, url, args.workers, i),
-                procrastinate_done,
-                processes=processes,
-                seconds=args.seconds,
-                every=args.every,
-                backlog=args.backlog,
-            )
-            load_hardcount(url, args.backlog)
-            ours = sustained(
-                "hardcount",
-                _executor_process,
-                lambda i: (conninfo, args.workers, i),
-                hardcount_done,
-                processes=processes,
-                seconds=args.seconds,
-                every=args.every,
-                backlog=args.backlog,
-            )
-            check_hardcount()
-            results[processes] = {"hardcount": ours, "procrastinate": peer}
+            results[processes] = {}
+            if "procrastinate" in sides:
+                load_procrastinate(conninfo, url, args.workers, args.backlog)
+                results[processes]["procrastinate"] = sustained(
+                    "procrastinate",
+                    _procrastinate_process,
+                    lambda i: (conninfo, url, args.workers, i),
+                    procrastinate_done,
+                    processes=processes,
+                    **common,
+                )
+            for side in ("poll", "nats"):
+                if side not in sides:
+                    continue
+                nats_url = nats.url if side == "nats" else None
+                load_hardcount(url, args.backlog, nats_url=nats_url)
+                results[processes][f"hardcount {side}"] = sustained(
+                    f"hardcount {side}",
+                    _executor_process,
+                    lambda i, nats_url=nats_url: (conninfo, args.workers, nats_url, i),
+                    hardcount_done,
+                    processes=processes,
+                    **common,
+                )
+                check_hardcount()
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
         receiver.terminate()
+        if nats is not None:
+            nats.stop()
 
     print(f"outbox delivery, sustained {args.seconds:g} s, {args.workers} workers per process (deliveries/s):")
-    print("  processes | hardcount mean (slowest 5 s) | procrastinate mean (slowest 5 s) | ratio")
-    for processes, sides in results.items():
-        ours, peer = sides["hardcount"], sides["procrastinate"]
+    names = [n for n in ("hardcount poll", "hardcount nats", "procrastinate") if n.split()[-1] in sides]
+    print("  processes | " + " | ".join(f"{n} mean (slowest {args.every:g} s)" for n in names) + " | ratios")
+    for processes, figures in results.items():
+        cells = [f"{figures[n]['mean']:7.0f} ({figures[n]['slowest']:7.0f})".ljust(len(n) + 19) for n in names]
+        ratios = []
+        if "hardcount nats" in figures and "hardcount poll" in figures:
+            ratios.append(f"nats/poll {figures['hardcount nats']['mean'] / figures['hardcount poll']['mean']:.2f}")
+        for n in ("hardcount poll", "hardcount nats"):
+            if n in figures and "procrastinate" in figures:
+                ratio = figures[n]["mean"] / figures["procrastinate"]["mean"]
+                ratios.append(f"{n.split()[1]}/procrastinate {ratio:.2f}")
         note = "".join(
-            f"  [{name} backlog ran out at {side['ran_out']:.0f} s]" for name, side in sides.items() if side["ran_out"]
+            f"  [{name} backlog ran out at {fig['ran_out']:.0f} s]" for name, fig in figures.items() if fig["ran_out"]
         )
-        print(
-            f"  {processes:9d} | {ours['mean']:7.0f} ({ours['slowest']:7.0f})          "
-            f"| {peer['mean']:7.0f} ({peer['slowest']:7.0f})              | {ours['mean'] / peer['mean']:5.2f}{note}"
-        )
+        print(f"  {processes:9d} | " + " | ".join(cells) + " | " + ", ".join(ratios) + note)
 
 
 if __name__ == "__main__":

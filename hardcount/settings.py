@@ -438,6 +438,23 @@ HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S = (
     _env_float("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", 0) if os.environ.get("HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S") else None
 )
 
+# How executors learn which deliveries to try (docs/reference/webhooks.md#dispatch-through-a-stream,
+# docs/decisions/0200): "poll" (the claim query, woken by NOTIFY) or "nats" (writers publish each new
+# delivery's id after commit to NATS JetStream at HARDCOUNT_NATS_URL, executors pull them from one durable
+# consumer; PostgreSQL stays the source of truth). In "nats" mode each executor also claims, every
+# HARDCOUNT_DELIVERY_SWEEP_S, the deliveries due for over HARDCOUNT_DELIVERY_SWEEP_AGE_S that no message
+# brought (never published, lost by the stream, re-queued by the reaper, made due early): the safety net.
+HARDCOUNT_DELIVERY_DISPATCH = os.environ.get("HARDCOUNT_DELIVERY_DISPATCH", "poll").strip() or "poll"
+if HARDCOUNT_DELIVERY_DISPATCH not in ("poll", "nats"):
+    raise ImproperlyConfigured(
+        f"HARDCOUNT_DELIVERY_DISPATCH must be 'poll' or 'nats', not {HARDCOUNT_DELIVERY_DISPATCH!r}"
+    )
+HARDCOUNT_NATS_URL = os.environ.get("HARDCOUNT_NATS_URL", "nats://127.0.0.1:4222")
+HARDCOUNT_NATS_STREAM = os.environ.get("HARDCOUNT_NATS_STREAM", "HARDCOUNT_DELIVERIES")
+HARDCOUNT_NATS_SUBJECT_PREFIX = os.environ.get("HARDCOUNT_NATS_SUBJECT_PREFIX", "hardcount.deliveries")
+HARDCOUNT_DELIVERY_SWEEP_S = _env_float("HARDCOUNT_DELIVERY_SWEEP_S", 5.0)
+HARDCOUNT_DELIVERY_SWEEP_AGE_S = _env_float("HARDCOUNT_DELIVERY_SWEEP_AGE_S", 5.0)
+
 # Monthly partitions of the history tables (docs/reference/partitions.md, docs/decisions/0177): each
 # table's partition key (a time, or a time-ordered id and its prefix) and retention in days (None: kept
 # forever). The ``partition_maintenance`` role keeps this month and ``HARDCOUNT_PARTITION_AHEAD_MONTHS``

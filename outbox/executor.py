@@ -23,6 +23,12 @@ Shape: one thread runs an asyncio loop with
 - a **reaper** that re-queues deliveries whose lease expired (``queries.REAP_EXPIRED_CLAIMS``),
   its own replica's included, recording the lost attempt.
 
+With ``dispatch="nats"`` (``HARDCOUNT_DELIVERY_DISPATCH``) the dispatcher takes delivery ids from a
+stream (:mod:`outbox.stream`) instead of polling, claims their rows with the same predicate and lease
+(``queries.CLAIM_IDS_RECORDING_LOST``), acks or naks each message once its outcome is written, and
+sweeps on a timer for rows no message brought (``queries.CLAIM_AGED_RECORDING_LOST``); everything
+below the dispatcher is the same (docs/decisions/0200-dispatch-through-a-stream.md).
+
 The lease is ``claimed_by`` + ``claim_expires_at = now() + 2 × timeout_s``. Attempts are
 spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
@@ -61,6 +67,7 @@ from outbox import queries
 from outbox.metrics import DELIVERY_ATTEMPTS
 from outbox.representations import event_body
 from outbox.signing import HEADER, sign
+from outbox.stream import DeliveryStream, StreamMessage, StreamUnavailable, stream_from_settings
 
 log = logging.getLogger("outbox.executor")
 
@@ -174,6 +181,18 @@ class ExecutorConfig:
     # Connections go through a transaction-pooling PgBouncer (HARDCOUNT_DB_TRANSACTION_POOLING): no LISTEN
     # (a notification goes to whichever server connection listened, not to us) and no session settings.
     pooled: bool = False
+    # "poll": claim due rows with the claim query; "nats": take ids from the stream (outbox.stream), and
+    # every sweep_interval_s claim rows due for over sweep_age_s that no message brought (None: no
+    # sweep, the negative control of the tests). While the stream is unreachable, poll.
+    dispatch: str = "poll"
+    sweep_interval_s: float | None = 5.0
+    sweep_age_s: float = 5.0
+    # How long an unreachable stream is left alone before the executor tries it again, s.
+    stream_retry_s: float = 5.0
+    # How long a fetch waits for the stream's first id, s: returns at once when ids are there. Not the poll
+    # interval: on a loaded machine the stream's answer can take longer than a short poll, and a fetch
+    # that timed out looks like an empty stream, which would hand a backlog to the sweep.
+    fetch_wait_s: float = 1.0
 
     @property
     def lease_s(self) -> float:
@@ -188,6 +207,11 @@ class ExecutorConfig:
     def reap_every_s(self) -> float:
         return self.reap_interval_s or self.lease_s / 2
 
+    @property
+    def stream_ack_wait_s(self) -> float:
+        """How long the stream waits for a handed-out id's ack before handing it out again: two leases."""
+        return max(5.0, 2 * self.lease_s)
+
     @classmethod
     def from_settings(cls, **overrides: Any) -> ExecutorConfig:
         timeout_s = float(getattr(settings, "HARDCOUNT_DELIVERY_TIMEOUT_S", 10.0))
@@ -201,6 +225,9 @@ class ExecutorConfig:
             shutdown_grace_s=getattr(settings, "HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", None),
             listen=not getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False),
             pooled=bool(getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False)),
+            dispatch=getattr(settings, "HARDCOUNT_DELIVERY_DISPATCH", "poll"),
+            sweep_interval_s=float(getattr(settings, "HARDCOUNT_DELIVERY_SWEEP_S", 5.0)),
+            sweep_age_s=float(getattr(settings, "HARDCOUNT_DELIVERY_SWEEP_AGE_S", 5.0)),
         )
         return replace(base, **overrides)
 
@@ -229,6 +256,11 @@ class _Claim:
     send_task: asyncio.Task | None = None
     lost: bool = False
     shutting_down: bool = False
+    # Stream dispatch: the message that brought this claim, and what to tell the stream once the
+    # claim is finished: ("ack", 0) or ("nak", seconds until the row is due again). None: the write
+    # was lost or never made; the message is handed back for a lease, when the row is settled.
+    message: StreamMessage | None = None
+    settle: tuple[str, float] | None = None
 
 
 @dataclass
@@ -329,8 +361,18 @@ class Executor:
     the rest, recording each as a ``canceled`` attempt to be retried.
     """
 
-    def __init__(self, config: ExecutorConfig | None = None, *, executor_id: str | None = None, conninfo=None):
+    def __init__(
+        self,
+        config: ExecutorConfig | None = None,
+        *,
+        executor_id: str | None = None,
+        conninfo=None,
+        stream: DeliveryStream | None = None,
+    ):
         self.config = config or ExecutorConfig.from_settings()
+        if self.config.dispatch not in ("poll", "nats"):
+            raise ValueError(f"unknown dispatch {self.config.dispatch!r}: 'poll' or 'nats'")
+        self._stream = stream
         self.executor_id = executor_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._conninfo = conninfo or conninfo_from_django()
         self.stats = ExecutorStats()
@@ -426,19 +468,26 @@ class Executor:
                 asyncio.create_task(self._reap_loop()),
                 asyncio.create_task(self._write_loop()),
             ]
-            if cfg.listen:
+            if cfg.dispatch == "nats" and self._stream is None:
+                self._stream = stream_from_settings(ack_wait_s=cfg.stream_ack_wait_s)
+            if cfg.listen and cfg.dispatch == "poll":
                 self._listening = asyncio.Event()
                 helpers.append(asyncio.create_task(self._listen_loop()))
                 # Ready once LISTEN is in place, so a delivery committed after start() wakes us.
                 await self._wait(self._listening, 10.0)
             self._ready.set()
             try:
-                await self._dispatch_loop()
+                if cfg.dispatch == "nats":
+                    await self._dispatch_stream_loop()
+                else:
+                    await self._dispatch_loop()
             finally:
                 await self._drain_inflight()
                 for task in helpers:
                     task.cancel()
                 await asyncio.gather(*helpers, return_exceptions=True)
+                if self._stream is not None:
+                    await self._stream.close()
         await pool.close()
 
     # -- dispatcher --------------------------------------------------------------------
@@ -475,7 +524,7 @@ class Executor:
         for task in pending:
             task.cancel()
 
-    async def _claim(self, limit: int) -> list[_Claim]:
+    async def _claim(self, limit: int, sql: str = queries.CLAIM_DUE_RECORDING_LOST, **more: Any) -> list[_Claim]:
         cfg = self.config
         local_deadline = time.monotonic() + cfg.lease_s * LOCAL_LEASE_SHARE
         params = {
@@ -483,10 +532,11 @@ class Executor:
             "executor": self.executor_id,
             "lease_s": float(cfg.lease_s),
             "attempt_ids": [new_id("wha") for _ in range(limit)],
+            **more,
         }
         # One statement: the claim and the evidence of any attempt lost with an expired lease.
         async with self._pool.connection() as conn:
-            rows = await (await conn.execute(queries.CLAIM_DUE_RECORDING_LOST, params)).fetchall()
+            rows = await (await conn.execute(sql, params)).fetchall()
         lost = sum(1 for r in rows if r["lost_claim"] and r["prev_attempts"] >= 1)
         if lost:
             DELIVERY_ATTEMPTS.labels(outcome=LEASE_LOST).inc(lost)
@@ -513,6 +563,134 @@ class Executor:
             for r in rows
         ]
 
+    # -- dispatch through a stream (HARDCOUNT_DELIVERY_DISPATCH=nats) ----------------------
+
+    async def _dispatch_stream_loop(self) -> None:
+        """Fill idle workers with the rows of the ids the stream hands over; sweep on a timer; poll while it is down.
+
+        The sweep (``queries.CLAIM_AGED_RECORDING_LOST``) claims rows due for over ``sweep_age_s``:
+        what no message brought, whatever the reason. It runs every ``sweep_interval_s``, and again at
+        once while it fills every idle worker and the stream has nothing to hand over (a backlog the
+        stream lost or never saw); while the stream brings work, the sweep takes at most the workers
+        idle at its tick, so a backlog the stream does hold is worked through the stream. While the
+        stream is unreachable the claim query is the whole dispatch, as in poll mode.
+        """
+        cfg = self.config
+        next_sweep = time.monotonic()  # rows left from before this executor started: at once
+        down_until = 0.0
+        # The last fetch found nothing. Not assumed at start: a backlog the stream holds must not be
+        # drained by sweeps that never leave a worker idle for a fetch.
+        stream_idle = False
+        while not self._stopping.is_set():
+            self._worker_done.clear()
+            idle = cfg.workers - len(self._inflight)
+            if idle <= 0:
+                await self._wait(self._worker_done, cfg.poll_interval_s)
+                continue
+            now = time.monotonic()
+            stream_up = now >= down_until
+            if not stream_up or (cfg.sweep_interval_s is not None and now >= next_sweep):
+                min_age_s = cfg.sweep_age_s if stream_up else 0.0
+                try:
+                    claims = await self._claim(idle, queries.CLAIM_AGED_RECORDING_LOST, min_age_s=float(min_age_s))
+                except Exception:
+                    log.exception("outbox sweep claim failed executor=%s", self.executor_id)
+                    await self._wait(self._stopping, cfg.poll_interval_s)
+                    continue
+                self.stats.counts["swept" if stream_up else "polled"] += len(claims)
+                self._start(claims)
+                if cfg.sweep_interval_s is not None and (len(claims) < idle or not stream_idle):
+                    next_sweep = now + cfg.sweep_interval_s
+                if not stream_up:
+                    if len(claims) < idle:
+                        await self._wait(self._stopping, cfg.poll_interval_s)
+                    continue
+                idle -= len(claims)
+                if idle <= 0:
+                    continue
+            timeout_s = cfg.fetch_wait_s
+            if cfg.sweep_interval_s is not None:
+                timeout_s = min(timeout_s, max(cfg.fetch_wait_s / 2, next_sweep - time.monotonic()))
+            try:
+                messages = await self._stream.fetch(idle, timeout_s)
+            except StreamUnavailable as exc:
+                self.stats.counts["stream_unavailable"] += 1
+                log.warning("outbox stream unavailable; polling for %g s: %s", cfg.stream_retry_s, exc)
+                down_until = time.monotonic() + cfg.stream_retry_s
+                continue
+            stream_idle = not messages
+            if messages:
+                await self._claim_messages(messages)
+
+    def _start(self, claims: list[_Claim]) -> None:
+        for claim in claims:
+            self._inflight[claim.claim] = claim
+            claim.task = asyncio.create_task(self._deliver(claim))
+
+    async def _claim_messages(self, messages: list[StreamMessage]) -> None:
+        """Try to lease the rows of ``messages``' ids; settle at once the messages whose row is not claimable."""
+        cfg = self.config
+        by_id: dict[str, list[StreamMessage]] = {}
+        for m in messages:
+            by_id.setdefault(m.delivery_id, []).append(m)
+        self.stats.counts["stream_messages"] += len(messages)
+        try:
+            claims = await self._claim(len(by_id), queries.CLAIM_IDS_RECORDING_LOST, ids=list(by_id))
+        except Exception:
+            log.exception("outbox claim of streamed ids failed executor=%s", self.executor_id)
+            for m in messages:
+                await self._tell(m, "nak", cfg.poll_interval_s)
+            return
+        self.stats.counts["stream_claimed"] += len(claims)
+        for claim in claims:
+            first, *again = by_id.pop(claim.id)
+            claim.message = first
+            for m in again:  # the same id twice in one batch: the claim's own message stands for both
+                self.stats.counts["stream_duplicates"] += 1
+                await self._tell(m, "ack", 0.0)
+        self._start(claims)
+        if not by_id:
+            return
+        try:
+            async with self._pool.connection() as conn:
+                rows = await (await conn.execute(queries.STREAM_LOOKUP, {"ids": list(by_id)})).fetchall()
+        except Exception:
+            log.exception("outbox lookup of unclaimed streamed ids failed executor=%s", self.executor_id)
+            rows = None
+        found = {r["id"]: r for r in rows or ()}
+        for delivery_id, held in by_id.items():
+            row = found.get(delivery_id)
+            if rows is None:
+                verb, delay_s = "nak", cfg.poll_interval_s
+            elif row is None or row["status"] in ("succeeded", "failed"):
+                verb, delay_s = "ack", 0.0  # finished (or gone): the message has done its work
+                self.stats.counts["stream_duplicates"] += 1
+            elif row["lease_left_s"] is not None:
+                # Held by a live claim: back when that lease has surely ended (finished, or reclaimable).
+                verb, delay_s = "nak", row["lease_left_s"] + cfg.poll_interval_s
+            elif row["due_in_s"] > 0:
+                verb, delay_s = "nak", row["due_in_s"]  # a retry or a deferral: back when it is due
+            else:
+                verb, delay_s = "nak", cfg.poll_interval_s  # due and free, but locked by someone just now
+            for m in held:
+                await self._tell(m, verb, delay_s)
+
+    async def _settle(self, c: _Claim) -> None:
+        """Tell the stream how the claim ended: ack once the row is finished, else nak until it is due again."""
+        verb, delay_s = c.settle or ("nak", self.config.lease_s)
+        await self._tell(c.message, verb, delay_s)
+
+    async def _tell(self, message: StreamMessage, verb: str, delay_s: float) -> None:
+        try:
+            if verb == "ack":
+                await self._stream.ack(message)
+            else:
+                await self._stream.nak(message, delay_s)
+            self.stats.counts[f"stream_{verb}"] += 1
+        except StreamUnavailable as exc:
+            # The message comes back after the stream's ack wait and finds its row settled.
+            log.warning("outbox could not %s delivery=%s: %s", verb, message.delivery_id, exc)
+
     # -- one delivery ------------------------------------------------------------------
 
     async def _deliver(self, c: _Claim) -> None:
@@ -524,8 +702,12 @@ class Executor:
             log.exception("outbox delivery crashed delivery=%s claim=%s", c.id, c.claim)
             self.stats.counts["crashed"] += 1
         finally:
-            self._inflight.pop(c.claim, None)
-            self._worker_done.set()
+            try:
+                if c.message is not None:
+                    await self._settle(c)
+            finally:
+                self._inflight.pop(c.claim, None)
+                self._worker_done.set()
 
     async def _handle(self, c: _Claim) -> None:
         if c.prev_attempts >= MAX_ATTEMPTS:
@@ -547,7 +729,8 @@ class Executor:
                 return
             probe = True
         if self._stopping.is_set():
-            await self._write_or_discard(c, queries.RELEASE, {"attempts": c.prev_attempts})
+            if await self._write_or_discard(c, queries.RELEASE, {"attempts": c.prev_attempts}):
+                c.settle = ("nak", 0.0)
             self.stats.counts["released"] += 1
             return
         c.send_task = asyncio.create_task(self._send(c))
@@ -709,6 +892,7 @@ class Executor:
         for outcome in batch:
             c = outcome.claim
             if c.id in recorded:
+                c.settle = _settle_after(outcome.sql, outcome.params)
                 self._count(outcome.sql, outcome.attempt)
                 pull_in = outcome.probe and c.endpoint_id in closed
             else:
@@ -780,6 +964,7 @@ class Executor:
                 c, f"terminal write failed: {type(exc).__name__}: {exc}"[:1000], sent=attempt is not None
             )
             return False
+        c.settle = _settle_after(sql, params)
         self._count(sql, attempt)
         return closed_circuit
 
@@ -790,6 +975,7 @@ class Executor:
                 cur = await conn.execute(queries.FORCE_FAILED, {"id": c.id, "claim": c.claim, "error": error})
                 if cur.rowcount == 0:
                     return  # no longer ours: whoever holds it now records what happens
+            c.settle = ("ack", 0.0)
             self.stats.counts["forced_failed"] += 1
         except Exception:
             # The lease will expire; the reaper re-queues the row (delivered at least once).
@@ -814,14 +1000,17 @@ class Executor:
         except Exception:
             log.warning("outbox could not record the failed attempt either delivery=%s", c.id, exc_info=True)
 
-    async def _write_or_discard(self, c: _Claim, sql: str, params: dict[str, Any]) -> bool:
+    async def _write_or_discard(self, c: _Claim, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """Run one write predicated on the claim; its returned row, or None when the claim was no longer ours."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql, {"id": c.id, "claim": c.claim, **params})
-            return cur.rowcount > 0
+            return await cur.fetchone()
 
     async def _defer(self, c: _Claim) -> None:
         jitter_s = self._rng.uniform(0, max(0.0, self.config.breaker_cooldown_s) * 0.1)
-        if await self._write_or_discard(c, queries.DEFER, {"attempts": c.prev_attempts, "jitter_s": jitter_s}):
+        row = await self._write_or_discard(c, queries.DEFER, {"attempts": c.prev_attempts, "jitter_s": jitter_s})
+        if row is not None:
+            c.settle = ("nak", max(0.0, row["due_in_s"]))
             self.stats.counts["deferred"] += 1
 
     async def _take_probe(self, c: _Claim) -> bool:
@@ -917,6 +1106,13 @@ class Executor:
                     if c.send_task is not None and not c.send_task.done():
                         c.send_task.cancel()
                 await asyncio.wait(pending, timeout=10)
+
+
+def _settle_after(sql: str, params: dict[str, Any]) -> tuple[str, float]:
+    """What to tell the stream once a finishing write ``sql`` was recorded: a retry comes back when due."""
+    if sql is queries.RECORD_RETRY:
+        return ("nak", float(params["delay_s"]))
+    return ("ack", 0.0)
 
 
 async def reap_expired_claims_async(conn: psycopg.AsyncConnection, reaper_id: str, *, limit: int = 500) -> int:

@@ -26,6 +26,15 @@ OUTCOMES = ("succeeded", "failed", "retryable", "lease_lost", "canceled")
 for _outcome in OUTCOMES:
     DELIVERY_ATTEMPTS.labels(outcome=_outcome)
 
+STREAM_IDS = Counter(
+    "hardcount_outbox_stream_ids",
+    "Delivery ids writers handed to the stream after commit (HARDCOUNT_DELIVERY_DISPATCH=nats), by result: "
+    "published, or dropped (left to the executors' sweep).",
+    ["result"],
+)
+for _result in ("published", "dropped"):
+    STREAM_IDS.labels(result=_result)
+
 # Deliveries the executors could claim now (the claim predicate of docs/reference/webhooks.md), not yet claimed.
 DELIVERY_BACKLOG = """
 SELECT count(*) FROM outbox_delivery

@@ -26,13 +26,13 @@ MAX_ATTEMPTS = 8
 # replica included. The row's previous claim and attempt count come back so the caller
 # records evidence for an attempt whose executor vanished. Everything the send needs
 # (event, endpoint, circuit state) comes back in the same round trip.
-_CLAIM_CTES = f"""
+_CLAIM_CTES_TEMPLATE = f"""
 WITH due AS (
     SELECT d.id, d.claimed_by AS lost_claim, d.attempts AS prev_attempts
     FROM outbox_delivery d
     WHERE d.status IN ('pending', 'retrying')
       AND d.fire_after <= now()
-      AND (d.claim_expires_at IS NULL OR d.claim_expires_at < now())
+      AND (d.claim_expires_at IS NULL OR d.claim_expires_at < now())<<more>>
     ORDER BY d.fire_after
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -45,6 +45,7 @@ WITH due AS (
     WHERE d.id = due.id
     RETURNING d.id, d.claimed_by, d.attempts, due.prev_attempts, due.lost_claim, d.event_id, d.endpoint_id
 )"""
+_CLAIM_CTES = _CLAIM_CTES_TEMPLATE.replace("<<more>>", "")
 _CLAIM_SELECT = """
 SELECT c.id, c.claimed_by, c.attempts, c.prev_attempts, c.lost_claim,
        e.id AS event_id, e.type AS event_type, e.data AS event_data, e.created_at AS event_created_at,
@@ -64,9 +65,7 @@ CLAIM_DUE = _CLAIM_CTES + _CLAIM_SELECT
 # of every attempt whose executor vanished with its lease (what lost_attempt_params in
 # outbox.executor writes; the reaper does the same for the rows it re-queues). The caller passes
 # %(attempt_ids)s, %(limit)s fresh attempt ids, one for each row it may claim.
-CLAIM_DUE_RECORDING_LOST = (
-    _CLAIM_CTES
-    + f""", lost AS (
+_LOST_CTE = f""", lost AS (
     INSERT INTO outbox_deliveryattempt
         (id, delivery_id, number, outcome, status_code, latency_ms, error, response_excerpt, executor, created_at)
     SELECT (%(attempt_ids)s::text[])[n], id, LEAST(prev_attempts, {MAX_ATTEMPTS}), 'lease_lost', NULL, NULL,
@@ -77,8 +76,36 @@ CLAIM_DUE_RECORDING_LOST = (
           WHERE c.lost_claim IS NOT NULL AND c.prev_attempts >= 1) expired
     ON CONFLICT (delivery_id, number) DO NOTHING
 )"""
+CLAIM_DUE_RECORDING_LOST = _CLAIM_CTES + _LOST_CTE + _CLAIM_SELECT
+
+# CLAIM_IDS_RECORDING_LOST: CLAIM_DUE_RECORDING_LOST restricted to the deliveries %(ids)s, the ids a
+# stream handed this executor (HARDCOUNT_DELIVERY_DISPATCH=nats, outbox.stream). The same predicate,
+# lease, attempts clamp and lost-attempt evidence: a message only says which rows to try, so an id
+# whose row is not due, held by a live claim, finished or gone is simply not returned.
+CLAIM_IDS_RECORDING_LOST = (
+    _CLAIM_CTES_TEMPLATE.replace("<<more>>", "\n      AND d.id = ANY(%(ids)s::text[])") + _LOST_CTE + _CLAIM_SELECT
+)
+
+# CLAIM_AGED_RECORDING_LOST: CLAIM_DUE_RECORDING_LOST restricted to rows due for over %(min_age_s)s
+# seconds: the stream dispatch's sweep, which claims what no message brought in time (an id never
+# published or lost by the stream, a row the reaper re-queued or a probe's success made due early).
+CLAIM_AGED_RECORDING_LOST = (
+    _CLAIM_CTES_TEMPLATE.replace("<<more>>", "\n      AND d.fire_after <= now() - make_interval(secs => %(min_age_s)s)")
+    + _LOST_CTE
     + _CLAIM_SELECT
 )
+
+# STREAM_LOOKUP: why ids a stream handed over were not claimed: each row's status, how long until it is
+# due and how long its live lease (if any) has left, in seconds by the database's clock. Ids with no row
+# are absent.
+STREAM_LOOKUP = """
+SELECT id, status,
+       extract(epoch FROM fire_after - now())::float8 AS due_in_s,
+       CASE WHEN claim_expires_at > now() THEN extract(epoch FROM claim_expires_at - now())::float8 END
+           AS lease_left_s
+FROM outbox_delivery
+WHERE id = ANY(%(ids)s::text[])
+"""
 
 # RENEW_CLAIMS: extend the leases of requests still in flight. Only an unexpired claim
 # that is still ours is extended: an expired lease is never resurrected, because another
@@ -209,7 +236,7 @@ SET attempts = %(attempts)s, claimed_by = NULL, claim_expires_at = NULL,
                                    WHERE w.id = d.endpoint_id))
                  + make_interval(secs => %(jitter_s)s)
 WHERE d.id = %(id)s AND d.claimed_by = %(claim)s AND d.claim_expires_at > now()
-RETURNING d.id
+RETURNING d.id, extract(epoch FROM d.fire_after - now())::float8 AS due_in_s
 """
 
 # RELEASE: the executor is stopping before it made the request: hand the row and its
@@ -357,3 +384,18 @@ WHERE EXISTS (
 )
 SELECT id, sequence FROM new_event
 """
+
+# INSERT_EVENTS_WITH_DELIVERIES_RETURNING_DELIVERIES: the same, also returning each event's delivery ids
+# (the third column), which a writer publishes after commit when executors take their work from a
+# stream (HARDCOUNT_DELIVERY_DISPATCH=nats, outbox.stream).
+INSERT_EVENTS_WITH_DELIVERIES_RETURNING_DELIVERIES = INSERT_EVENTS_WITH_DELIVERIES.replace(
+    "\n)\nSELECT id, sequence FROM new_event\n",
+    """
+RETURNING id, event_id
+)
+SELECT e.id, e.sequence, COALESCE(array_agg(d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS deliveries
+FROM new_event e LEFT JOIN new_delivery d ON d.event_id = e.id
+GROUP BY e.id, e.sequence
+""",
+)
+assert INSERT_EVENTS_WITH_DELIVERIES_RETURNING_DELIVERIES != INSERT_EVENTS_WITH_DELIVERIES

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import connection, transaction
@@ -25,6 +26,7 @@ from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictEr
 from outbox import queries
 from outbox.models import Delivery, Event, WebhookEndpoint
 from outbox.signing import generate_secret
+from outbox.stream import publish_on_commit
 
 # Every event type Hardcount emits; endpoints may subscribe to these, "*" or "prefix.*".
 EVENT_TYPES = (
@@ -159,10 +161,13 @@ def _write_events(events: list[Event], *, copy_from: int | None = 100) -> None:
     """
     if not events:
         return
+    publish = streaming()
     if copy_from is None or len(events) < copy_from:
         with connection.cursor() as cursor:
             cursor.execute(
-                queries.INSERT_EVENTS_WITH_DELIVERIES,
+                queries.INSERT_EVENTS_WITH_DELIVERIES_RETURNING_DELIVERIES
+                if publish
+                else queries.INSERT_EVENTS_WITH_DELIVERIES,
                 {
                     "ids": [e.id for e in events],
                     "tenant_ids": [e.tenant_id for e in events],
@@ -172,10 +177,14 @@ def _write_events(events: list[Event], *, copy_from: int | None = 100) -> None:
                     "created_at": [e.created_at for e in events],
                 },
             )
-            sequences = dict(cursor.fetchall())
+            rows = cursor.fetchall()
+        sequences = {row[0]: row[1] for row in rows}
         for event in events:
             event.sequence = sequences[event.id]
             event._state.adding, event._state.db = False, connection.alias
+        if publish:
+            tenants = {e.id: e.tenant_id for e in events}
+            publish_on_commit([(tenants[row[0]], delivery_id) for row in rows for delivery_id in row[2]])
         return
     endpoints: dict[tuple[str, bool], list[WebhookEndpoint]] = {}
     for key in dict.fromkeys((e.tenant_id, e.livemode) for e in events):
@@ -185,15 +194,20 @@ def _write_events(events: list[Event], *, copy_from: int | None = 100) -> None:
             ).only("id", "enabled_events")
         )
     copy_models(Event, events)
-    copy_models(
-        Delivery,
-        (
-            Delivery(event=event, endpoint=endpoint)
-            for event in events
-            for endpoint in endpoints[(event.tenant_id, event.livemode)]
-            if any(event_type_matches(p, event.type) for p in endpoint.enabled_events)
-        ),
-    )
+    deliveries = [
+        Delivery(event=event, endpoint=endpoint)
+        for event in events
+        for endpoint in endpoints[(event.tenant_id, event.livemode)]
+        if any(event_type_matches(p, event.type) for p in endpoint.enabled_events)
+    ]
+    copy_models(Delivery, deliveries)
+    if publish:
+        publish_on_commit([(d.event.tenant_id, d.id) for d in deliveries])
+
+
+def streaming() -> bool:
+    """True when executors take their work from a stream (``HARDCOUNT_DELIVERY_DISPATCH=nats``), so writers publish."""
+    return getattr(settings, "HARDCOUNT_DELIVERY_DISPATCH", "poll") == "nats"
 
 
 def emit_events(
@@ -474,7 +488,10 @@ def replay_delivery(*, tenant_id: str, livemode: bool, delivery_id: str) -> Deli
                 "enable it before replaying.",
                 code="endpoint_unavailable",
             )
-        return Delivery.objects.create(event_id=original.event_id, endpoint=endpoint, replay_of=original)
+        replay = Delivery.objects.create(event_id=original.event_id, endpoint=endpoint, replay_of=original)
+        if streaming():
+            publish_on_commit([(endpoint.tenant_id, replay.id)])
+        return replay
 
 
 def due_backlog() -> int:

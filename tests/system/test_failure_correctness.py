@@ -392,9 +392,12 @@ def test_executors_killed_mid_delivery_deliver_every_event_to_every_subscribed_e
 
 
 def executors_killed_mid_delivery(
-    stripe_proxy, gateway, make_card, replicas, *, label="webhook executors SIGKILLed mid-delivery"
+    stripe_proxy, gateway, make_card, replicas, *, label="webhook executors SIGKILLed mid-delivery", after_kill=None
 ) -> None:
-    """The executor-kill experiment, the replicas made by ``replicas(env)``; records its row."""
+    """The executor-kill experiment, the replicas made by ``replicas(env)``; records its row.
+
+    ``after_kill(n)``, if given, runs after the n-th kill (1-based) once its replacement is up.
+    """
     from outbox.models import Delivery, DeliveryAttempt, Event
     from outbox.signing import verify
     from tests.outbox.conftest import Answer, Receiver, make_endpoint
@@ -432,17 +435,22 @@ def executors_killed_mid_delivery(
 
     def move_time():
         # Retries and circuit cool-downs come due at once: time moved through the rows.
-        from django.db import connections
+        from django.db import OperationalError, connections
 
         while not stop_mover.wait(0.1):
-            with connections["default"].cursor() as cursor:
-                cursor.execute(
-                    "UPDATE outbox_delivery SET fire_after = now()"
-                    " WHERE status IN ('pending', 'retrying') AND fire_after > now()"
-                )
-                cursor.execute(
-                    "UPDATE outbox_webhookendpoint SET circuit_open_until = now() WHERE circuit_open_until > now()"
-                )
+            try:
+                with connections["default"].cursor() as cursor:
+                    cursor.execute(
+                        "UPDATE outbox_delivery SET fire_after = now()"
+                        " WHERE status IN ('pending', 'retrying') AND fire_after > now()"
+                    )
+                    cursor.execute(
+                        "UPDATE outbox_webhookendpoint SET circuit_open_until = now() WHERE circuit_open_until > now()"
+                    )
+            except OperationalError:
+                # This many-row UPDATE and an executor's batch write lock rows in different orders; when
+                # PostgreSQL breaks such a deadlock by aborting the mover, the next tick moves the rows.
+                continue
         connections["default"].close()
 
     billing_errors: list[BaseException] = []
@@ -518,6 +526,8 @@ def executors_killed_mid_delivery(
                 claim_expires_at=Now() - timedelta(seconds=1)
             )
             live[i % 2] = pool.start().result(timeout=60)
+            if after_kill is not None:
+                after_kill(killed)
         billing.join(120)
         assert not billing.is_alive() and billing_errors == [], f"the billing drain did not finish: {billing_errors}"
 
