@@ -417,18 +417,7 @@ def cancel_subscription(
     Raises :class:`NotFoundError`, or :class:`StateConflictError` when already canceled.
     """
     with transaction.atomic():
-        subscription = _get(
-            subscription_qs_select_for_update(),
-            subscription_id,
-            tenant_id=tenant_id,
-            livemode=livemode,
-            param="id",
-            noun="subscription",
-        )
-        if subscription.status == Subscription.CANCELED:
-            raise StateConflictError(
-                f"Subscription '{subscription.id}' is already canceled.", code="subscription_canceled"
-            )
+        subscription = _locked_live_subscription(tenant_id, livemode, subscription_id)
         now = billing_now(subscription.test_clock)
         if at_period_end:
             _set_cancel_at_period_end_locked(subscription, True, now)
@@ -455,19 +444,24 @@ def set_cancel_at_period_end(
     docs/decisions/0199.
     """
     with transaction.atomic():
-        subscription = _get(
-            subscription_qs_select_for_update(),
-            subscription_id,
-            tenant_id=tenant_id,
-            livemode=livemode,
-            param="id",
-            noun="subscription",
-        )
-        if subscription.status == Subscription.CANCELED:
-            raise StateConflictError(
-                f"Subscription '{subscription.id}' is already canceled.", code="subscription_canceled"
-            )
+        subscription = _locked_live_subscription(tenant_id, livemode, subscription_id)
         _set_cancel_at_period_end_locked(subscription, cancel_at_period_end, billing_now(subscription.test_clock))
+    return subscription
+
+
+def _locked_live_subscription(tenant_id: str, livemode: bool, subscription_id: str) -> Subscription:
+    """The caller's subscription under its row lock; :class:`NotFoundError`, or :class:`StateConflictError`
+    (``subscription_canceled``) when it has ended."""
+    subscription = _get(
+        subscription_qs_select_for_update(),
+        subscription_id,
+        tenant_id=tenant_id,
+        livemode=livemode,
+        param="id",
+        noun="subscription",
+    )
+    if subscription.status == Subscription.CANCELED:
+        raise StateConflictError(f"Subscription '{subscription.id}' is already canceled.", code="subscription_canceled")
     return subscription
 
 
