@@ -25,7 +25,7 @@ venv: $(STAMP)
 run: $(STAMP) pango
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
-	HARDCOUNT_DEVSTACK=1 $(PY) manage.py serve
+	HARDCOUNT_DEVSTACK=1 exec $(PY) manage.py serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
