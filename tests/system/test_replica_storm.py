@@ -41,13 +41,14 @@ import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Count
 
 from billing.models import Customer, Invoice
 from billing.shards import shard_of
 from hardcount.models import ApiKey
 from outbox.models import Delivery, DeliveryAttempt, Event
+from outbox.services import emit_events
 from outbox.signing import verify
 from tests.billing.conftest import STRIPE_KEY, Book
 from tests.outbox.conftest import Answer, Receiver, make_endpoint
@@ -176,6 +177,28 @@ def claims_in_flight() -> Counter:
     return Counter(claim.split(":")[1] for claim in claims)
 
 
+def in_flight_victim(live: list, chosen: list, holders: dict[str, str], tenant) -> SchedulerProcess:
+    """A live replica not chosen yet with deliveries claimed now, the busiest, a follower if one is busy. When none
+    is, a burst of events is queued for ``tenant`` first (its deliveries are then checked like every other)."""
+
+    def busiest() -> SchedulerProcess | None:
+        in_flight = claims_in_flight()
+        busy = [r for r in live if r not in chosen and in_flight[pid_of(r)]]
+        followers = [r for r in busy if r.holder not in holders.values()]
+        return max(followers or busy, key=lambda r: in_flight[pid_of(r)], default=None)
+
+    found = busiest()
+    if found is None:
+        with transaction.atomic():
+            emit_events(
+                [("customer.updated", {"id": f"cus_burst_{n}", "object": "customer"}, None) for n in range(40)],
+                tenant_id=tenant.id,
+                livemode=False,
+            )
+        found = wait_until(busiest, timeout_s=15, what="a delivery in flight", step_s=0.01)
+    return found
+
+
 def pid_of(replica: SchedulerProcess) -> str:
     """The worker's pid, from its holder id ``host:pid:hex``."""
     return replica.holder.split(":")[1]
@@ -249,7 +272,7 @@ def test_ten_replicas_through_the_pooler_survive_a_kill_and_restart_storm_mid_dr
     failing = arm_gateway(stripe_proxy, GATEWAY_DELAY_S)
     receiver = Receiver()
     for shard in range(SHARDS):
-        receiver.behave(f"/shard-{shard}", lambda _request, _nth: Answer(delay_s=0.05))
+        receiver.behave(f"/shard-{shard}", lambda _request, _nth: Answer(delay_s=0.3))
     book = Book(make_card)
     tenants = tenants_one_per_shard(book)
     endpoints = [make_endpoint(t, receiver.url(f"/shard-{i}")) for i, t in enumerate(tenants)]
@@ -276,28 +299,31 @@ def test_ten_replicas_through_the_pooler_survive_a_kill_and_restart_storm_mid_dr
         restarting = []
         for share, victims in ROUNDS:
             wait_until(lambda share=share: closes() >= share * total, timeout_s=90, what=f"{share:.0%} of the closes")
-            by_holder = {replica.holder: replica for replica in live}
-            holders, in_flight = live_holders(), claims_in_flight()
             chosen: list[SchedulerProcess] = []
             for victim in victims:
                 if victim == "in-flight":
-                    busy = [r for r in live if r not in chosen and r.holder not in holders.values()]
-                    candidate = max(busy, key=lambda r: in_flight[pid_of(r)], default=None)
-                    what = f"in-flight ({in_flight[pid_of(candidate)]} claims)" if candidate else None
+                    candidate = in_flight_victim(live, chosen, live_holders(), tenants[0])
+                    what = f"in-flight ({claims_in_flight()[pid_of(candidate)]} claims)"
                 else:
-                    candidate = by_holder.get(holders.get(victim))
+
+                    def leader(victim=victim) -> SchedulerProcess | None:
+                        # Replacements join as they come up (one may lead already); the storm does not wait for them.
+                        live.extend(f.result() for f in restarting if f.done())
+                        restarting[:] = [f for f in restarting if not f.done()]
+                        holder = live_holders().get(victim)
+                        return next((r for r in live if r.holder == holder), None)
+
+                    # A role whose leader was just killed is led again within the TTL.
+                    candidate = wait_until(leader, timeout_s=30, what=f"a live {victim} leader", step_s=0.05)
                     what = f"{victim} leader"
-                if candidate is not None and candidate not in chosen:
+                kills.append(f"{what} at {closes()}/{total}" + (" (the same replica)" if candidate in chosen else ""))
+                if candidate not in chosen:
                     chosen.append(candidate)
-                    kills.append(f"{what} at {closes()}/{total}")
             mid_drain += closes() < total
             for replica in chosen:
                 pool.kill(replica)
                 live.remove(replica)
             restarting += [pool.start() for _ in chosen]
-            # Replacements join as they come up; the storm does not wait for them.
-            live.extend(f.result() for f in [f for f in restarting if f.done()])
-            restarting = [f for f in restarting if not f.done()]
         live.extend(f.result(timeout=180) for f in restarting)
         assert mid_drain >= len(ROUNDS) - 1, f"the drain finished before the storm: {kills}"
         client.stop()
