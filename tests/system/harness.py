@@ -186,12 +186,16 @@ class ServeProcess:
     ``var_dir`` is its own ``HARDCOUNT_VAR_DIR`` and the port a free one, so it touches neither the
     developer's database nor port 8000. It starts its own localstripe and strict dev Stripe (the
     test's ``STRIPE_API_BASE``/``STRIPE_API_KEY`` are dropped), one web worker and no demo book unless
-    ``demo_subscriptions`` or ``env`` (applied last) say otherwise.
+    ``demo_subscriptions`` or ``env`` (applied last) say otherwise. With ``make``, it is ``make run`` itself
+    (migrations and ``collectstatic`` first), in a session of its own as a terminal's foreground job would be:
+    :attr:`process` is then ``make``.
     """
 
     READY_LINE = "Hardcount is running."
 
-    def __init__(self, var_dir: Path, *, demo_subscriptions: int = 0, env: dict[str, str] | None = None):
+    def __init__(
+        self, var_dir: Path, *, demo_subscriptions: int = 0, env: dict[str, str] | None = None, make: bool = False
+    ):
         with bind_local_port() as sock:
             self.port = sock.getsockname()[1]
         full_env = {k: v for k, v in os.environ.items() if k not in ("STRIPE_API_BASE", "STRIPE_API_KEY")}
@@ -204,14 +208,17 @@ class ServeProcess:
             HARDCOUNT_DEVSTACK="1",
         )
         full_env.update(env or {})
+        if make:  # not an outer make's jobserver and flags (make test runs pytest)
+            full_env = {k: v for k, v in full_env.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
         self.env = full_env
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
+            ["make", "--no-print-directory", "run"] if make else [sys.executable, "manage.py", "serve"],
             cwd=BASE_DIR,
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=make,
         )
         self.lines: list[str] = []
         self.ready = threading.Event()
