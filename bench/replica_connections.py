@@ -15,8 +15,9 @@ whichever replica they belong to, so they are counted over every replica running
    a follower, while 8 client threads call ``/health/ready`` (each call reads the database) without pause;
 4. a replica draining a seeded book (``seed_demo``'s, ``--subscriptions``, through the
    in-memory dev Stripe, billing ticking every second) at the default concurrency (8), alone;
-5. ``--replicas`` gunicorn replicas started together, on an empty delivery queue: the sum of all their
-   sessions, as a server without a pooler carries them;
+5. ``--replicas`` gunicorn replicas started together, on an empty delivery queue (``--keep-queue``: with
+   the drain's deliveries, to endpoints that refuse, left queued): the sum of all their sessions, as a
+   server without a pooler carries them;
 6. the same fleet delivering ``--backlog`` queued deliveries to it.
 
 Beside each phase, the count the settings predict (docs/scale.md, docs/operations.md#connections)
@@ -133,6 +134,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=15.0, help="sampling time per phase (default 15)")
     parser.add_argument("--replicas", type=int, default=10, help="the fleet of the last phases (default 10)")
+    parser.add_argument(
+        "--keep-queue",
+        action="store_true",
+        help="leave the drain's deliveries (to endpoints that refuse) queued for the fleet's first phase",
+    )
     parser.add_argument("--backlog", type=int, default=30000, help="deliveries queued for the fleet (default 30000)")
     parser.add_argument("--subscriptions", type=int, default=1500, help="the book the drain phase bills (default 1500)")
     args = parser.parse_args()
@@ -242,14 +248,15 @@ def main() -> None:
 
         # The fleet: --replicas gunicorn replicas at once, directly on the server, as without a pooler; first on
         # an empty delivery queue, then delivering a backlog to a local receiver that answers 200 at once.
-        with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery")
+        if not args.keep_queue:
+            with connection.cursor() as cursor:
+                cursor.execute("TRUNCATE outbox_deliveryattempt, outbox_delivery")
         ctx = multiprocessing.get_context("spawn")
         ports = ctx.Queue()
         receiver = ctx.Process(target=serve_receiver, args=(ports,), daemon=True)
         receiver.start()
         hook = f"127.0.0.1:{ports.get(timeout=30)}"
-        fleet_env = {**env, "HARDCOUNT_OUTBOUND_ALLOW": hook}
+        fleet_env = {**env, "HARDCOUNT_OUTBOUND_ALLOW": f"{env['HARDCOUNT_OUTBOUND_ALLOW']},{hook}"}
         fleet = [Replica(f"hc-fleet-{i}", url, fleet_env, web=True) for i in range(args.replicas)]
         replicas.extend(fleet)
         names = [replica.name for replica in fleet]
@@ -275,7 +282,9 @@ def main() -> None:
 
         n = args.replicas
         fleet_phase(
-            f"{n} gunicorn replicas, idle: all their sessions",
+            f"{n} gunicorn replicas, "
+            + ("working the drain's deliveries (refused)" if args.keep_queue else "idle")
+            + ": all their sessions",
             f"{n * (tickers + 2) + tickers} ({n} × ({tickers} tickers + pool 1 + LISTEN 1) + {tickers} heartbeats)",
         )
         load_hardcount(f"http://{hook}/hook", args.backlog)

@@ -212,7 +212,7 @@ class CustomerClient:
         self.key = key
         self.live = live
         self.confirmed: dict[str, str] = {}  # idempotency key → customer id answered
-        self.in_doubt: set[str] = set()  # keys whose replica died mid-request and stayed in use
+        self.in_doubt: set[str] = set()  # keys whose replica died mid-request and that were not confirmed
         self.retried = 0
         self.errors: list[str] = []  # answers other than created or in use: the client stops at the first
         self._stop = threading.Event()
@@ -258,6 +258,8 @@ class CustomerClient:
                     break
                 self.errors.append(f"POST /v1/customers {key}: {status} {body}")
                 return
+            else:
+                self.in_doubt.add(key)  # twenty replicas in a row died under it
 
     def stop(self) -> None:
         self._stop.set()
