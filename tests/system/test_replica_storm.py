@@ -297,7 +297,7 @@ def test_ten_replicas_through_the_pooler_survive_a_kill_and_restart_storm_mid_dr
             return sum(closes_recorded(t.id) for t in tenants)
 
         kills: list[str] = []
-        mid_drain = 0
+        mid_drain = sigkills = 0
         restarting = []
         for share, victims in ROUNDS:
             wait_until(lambda share=share: closes() >= share * total, timeout_s=90, what=f"{share:.0%} of the closes")
@@ -322,6 +322,7 @@ def test_ten_replicas_through_the_pooler_survive_a_kill_and_restart_storm_mid_dr
                 if candidate not in chosen:
                     chosen.append(candidate)
             mid_drain += closes() < total
+            sigkills += len(chosen)
             for replica in chosen:
                 pool.kill(replica)
                 live.remove(replica)
@@ -429,7 +430,7 @@ def test_ten_replicas_through_the_pooler_survive_a_kill_and_restart_storm_mid_dr
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert_within_pool(sampler, more_clients=True)
     print(
-        f"\n{REPLICAS} gunicorn replicas through PgBouncer (pool {sampler.bouncer.pool}), {len(kills)} SIGKILLs in "
+        f"\n{REPLICAS} gunicorn replicas through PgBouncer (pool {sampler.bouncer.pool}), {sigkills} SIGKILLs in "
         f"{len(ROUNDS)} rounds, each replaced: {kills}; booted in {booted_s:.0f} s, storm and settle "
         f"{storm_s:.0f} s; {total} periods billed once; {len(events)} events delivered "
         f"({len(receiver.received())} requests, {lost} attempts lost with their replica); "
