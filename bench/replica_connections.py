@@ -281,19 +281,20 @@ def main() -> None:
             print(f"  {label}: peak {max(totals)}, median {statistics.median(totals):g} ({split})", flush=True)
 
         n = args.replicas
+        busy = f"up to {n * (tickers + settings.HARDCOUNT_OUTBOX_WORKERS + 4) + tickers} "
+        busy += f"({n} × ({tickers} + pool {settings.HARDCOUNT_OUTBOX_WORKERS + 3} + LISTEN 1) + {tickers})"
+        idle = f"{n * (tickers + 2) + tickers} ({n} × ({tickers} tickers + pool 1 + LISTEN 1) + {tickers} heartbeats)"
         fleet_phase(
             f"{n} gunicorn replicas, "
             + ("working the drain's deliveries (refused)" if args.keep_queue else "idle")
             + ": all their sessions",
-            f"{n * (tickers + 2) + tickers} ({n} × ({tickers} tickers + pool 1 + LISTEN 1) + {tickers} heartbeats)",
+            busy if args.keep_queue else idle,
         )
         load_hardcount(f"http://{hook}/hook", args.backlog)
         time.sleep(2)
-        fleet_phase(
-            f"{n} gunicorn replicas delivering a backlog of {args.backlog:,}: all their sessions",
-            f"up to {n * (tickers + settings.HARDCOUNT_OUTBOX_WORKERS + 4) + tickers} "
-            f"({n} × ({tickers} + pool {settings.HARDCOUNT_OUTBOX_WORKERS + 3} + LISTEN 1) + {tickers})",
-        )
+        # With --keep-queue the pools have grown already and keep their idle connections: this phase then
+        # shows what the first left behind.
+        fleet_phase(f"{n} gunicorn replicas delivering a backlog of {args.backlog:,}: all their sessions", busy)
         receiver.terminate()
     finally:
         for replica in replicas:
