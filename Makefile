@@ -21,11 +21,12 @@ venv: $(STAMP)
 
 # serve (devstack/management/commands/serve.py) starts localstripe, the demo tenant, a webhook receiver and
 # gunicorn (with the scheduler) on 127.0.0.1:8000 (HARDCOUNT_PORT changes it), prints the keys and URLs, and
-# stops it all on Ctrl-C or SIGTERM. The devstack app is on here whatever the environment says.
+# stops it all on Ctrl-C or SIGTERM. The devstack app is on here whatever the environment says. exec: make's child
+# is serve itself (not a shell), so a SIGTERM to make, which make passes to its child, reaches serve (decision 0205).
 run: $(STAMP) pango
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
-	HARDCOUNT_DEVSTACK=1 $(PY) manage.py serve
+	HARDCOUNT_DEVSTACK=1 exec $(PY) manage.py serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,7 @@
 """System-test fixtures: localstripe behind the fault-injecting proxy, and the book builder, from the billing tests;
-the armed gateway and the replica pools of the failure-correctness experiments (tests/system/correctness.py)."""
+the armed gateway and the replica pools of the failure-correctness experiments (tests/system/correctness.py);
+PgBouncer in transaction mode, replica pools through it, and the sampler of both its sides (tests/system/pgbouncer.py).
+"""
 
 import pytest
 
@@ -11,7 +13,8 @@ from tests.billing.conftest import (  # noqa: F401 - fixtures
     stripe_client,
     stripe_proxy,
 )
-from tests.system.correctness import GATEWAY_DELAY_S, Replicas
+from tests.system.correctness import GATEWAY_DELAY_S, Replicas, arm_gateway
+from tests.system.pgbouncer import PgBouncer, PooledReplicas, SessionSampler, mark_direct_sessions
 
 
 @pytest.fixture
@@ -21,14 +24,7 @@ def gateway(stripe_proxy):  # noqa: F811 - the fixture imported above, as pytest
 
     Returns the set of failing payment methods (seeding adds to it).
     """
-    failing: set[str] = set()
-    stripe_proxy.fail_next(
-        "500",
-        times=10**9,
-        match=lambda r: r.line.startswith("POST /v1/payment_intents") and r.params.get("payment_method") in failing,
-    )
-    stripe_proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=GATEWAY_DELAY_S)
-    return failing
+    return arm_gateway(stripe_proxy, GATEWAY_DELAY_S)
 
 
 @pytest.fixture
@@ -47,3 +43,37 @@ def replicas():
     yield make
     for pool in made:
         pool.stop_all()
+
+
+@pytest.fixture
+def bouncer():
+    """A :class:`PgBouncer` (transaction mode, pool :data:`~tests.system.pgbouncer.POOL`); this process's own
+    sessions are marked direct meanwhile."""
+    restore = mark_direct_sessions()
+    started = PgBouncer()
+    yield started
+    started.stop()
+    restore()
+
+
+@pytest.fixture
+def pooled(bouncer):
+    """``pooled(env, web=False)``: a :class:`PooledReplicas` pool through ``bouncer``; every pool made is stopped
+    at the end."""
+    made: list[PooledReplicas] = []
+
+    def make(env: dict[str, str], *, web: bool = False) -> PooledReplicas:
+        made.append(PooledReplicas(env, bouncer, web=web))
+        return made[-1]
+
+    yield make
+    for pool in made:
+        pool.stop_all()
+
+
+@pytest.fixture
+def sampler(bouncer):
+    """A :class:`SessionSampler` of ``bouncer`` running for the whole test."""
+    watching = SessionSampler(bouncer)
+    yield watching
+    watching.stop()

@@ -74,7 +74,8 @@ def wait_until(predicate: Callable[[], object], *, timeout_s: float, what: str, 
 
 
 class Replicas:
-    """``runscheduler`` replicas sharing ``env``, one leader and one standby at a time.
+    """``runscheduler`` replicas sharing ``env``, one leader and one standby at a time (``web``: gunicorn
+    replicas running the runtime in their worker, :class:`~tests.system.harness.SchedulerProcess`).
 
     :meth:`start` boots a replica in the background (a :class:`SchedulerProcess` once it logged
     ``runtime_started``); :meth:`kill` SIGKILLs one and waits until its process and its database
@@ -83,8 +84,9 @@ class Replicas:
     takes over at its next poll.
     """
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], *, web: bool = False):
         self.env = env
+        self.web = web
         self.started: list[SchedulerProcess] = []
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="replica-boot")
         self._count = 0
@@ -100,15 +102,14 @@ class Replicas:
             # Listed before it boots, so a replica that fails to log its start is still stopped at the end.
             process = SchedulerProcess.__new__(SchedulerProcess)
             self.started.append(process)
-            process.__init__(name, env)
+            process.__init__(name, env, web=self.web)
             return process
 
         return self._pool.submit(boot)
 
     def kill(self, process: SchedulerProcess, *, timeout_s: float = 15) -> None:
         """SIGKILL ``process`` (if still alive), reap it and wait until PostgreSQL has ended its sessions."""
-        if process.process.poll() is None:
-            process.process.kill()
+        process.kill()
         process.process.wait(timeout_s)
         wait_until(lambda: backends(f"hc-{process.name}") == 0, timeout_s=timeout_s, what=f"{process.name}'s sessions")
 
@@ -125,12 +126,17 @@ class Replicas:
     def stop_all(self) -> None:
         """Stop every replica (a standby still booting is waited for first, then stopped too)."""
         self._pool.shutdown(wait=True)
-        for process in self.started:
+
+        def stop(process: SchedulerProcess) -> None:
             if hasattr(process, "_reader"):
                 process.stop()
             elif hasattr(process, "process"):
-                process.process.kill()
+                process.kill()
                 process.process.wait(10)
+
+        # Side by side: each graceful stop may wait for its in-flight work.
+        with ThreadPoolExecutor(max_workers=max(1, len(self.started))) as stopping:
+            list(stopping.map(stop, self.started))
 
 
 def billing_env(stripe_proxy, **extra: str) -> dict[str, str]:
@@ -149,6 +155,19 @@ def billing_env(stripe_proxy, **extra: str) -> dict[str, str]:
         "HARDCOUNT_LOG_LEVEL": "INFO",
         **extra,
     }
+
+
+def arm_gateway(stripe_proxy, delay_s: float = GATEWAY_DELAY_S) -> set[str]:
+    """Arm ``stripe_proxy``'s failure-correctness faults: 500 on PaymentIntent calls of the payment methods in the
+    returned set (seeding adds gateway-failing cards to it), and ``delay_s`` seconds on every other one."""
+    failing: set[str] = set()
+    stripe_proxy.fail_next(
+        "500",
+        times=10**9,
+        match=lambda r: r.line.startswith("POST /v1/payment_intents") and r.params.get("payment_method") in failing,
+    )
+    stripe_proxy.fail_next("delay", times=10**9, match="POST /v1/payment_intents", delay_s=delay_s)
+    return failing
 
 
 def age_unknown_attempts(tenant_id: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,27 +45,57 @@ class SchedulerProcess:
 
     The services (the webhook executor) are off unless ``env`` sets ``HARDCOUNT_SERVICES``; a
     ``None`` value removes a variable, so the settings' default applies.
+
+    With ``web``, the replica is the single deployable instead: ``gunicorn -c hardcount/gunicorn.conf.py``
+    with ``HARDCOUNT_RUN_SCHEDULER=1`` on a free port (:attr:`port`), one worker (whose runtime is the
+    replica) with two request threads unless ``env`` says otherwise, in a session of its own so
+    :meth:`kill` takes the arbiter and its worker down together, as a crashed host would.
     """
 
     def __init__(
-        self, name: str, env: dict[str, str | None], args: tuple[str, ...] = (), metrics: bool = False
+        self,
+        name: str,
+        env: dict[str, str | None],
+        args: tuple[str, ...] = (),
+        metrics: bool = False,
+        *,
+        web: bool = False,
     ) -> None:
         self.name = name
         self.metrics_port = free_port() if metrics else None
+        self.port = free_port() if web else None
+        web_env = {
+            "HARDCOUNT_BIND": f"127.0.0.1:{self.port}",
+            "HARDCOUNT_RUN_SCHEDULER": "1",
+            "HARDCOUNT_WEB_WORKERS": "1",
+            "HARDCOUNT_WEB_THREADS": "2",
+            "HARDCOUNT_GRACEFUL_TIMEOUT_S": "5",
+        }
         full_env = {
             **os.environ,
             "DATABASE_URL": database_url(),
             "PYTHONUNBUFFERED": "1",
             "HARDCOUNT_LOG_LEVEL": "INFO",
             "HARDCOUNT_SERVICES": "",
+            **(web_env if web else {}),
             **env,
         }
         full_env = {key: value for key, value in full_env.items() if value is not None}  # None: unset it
-        command = [sys.executable, "manage.py", "runscheduler", *args]
+        if web:
+            command = [sys.executable, "-m", "gunicorn", "-c", "hardcount/gunicorn.conf.py", "hardcount.wsgi", *args]
+        else:
+            command = [sys.executable, "manage.py", "runscheduler", *args]
         if self.metrics_port:
             command += ["--metrics-port", str(self.metrics_port)]
+        self.web = web
         self.process = subprocess.Popen(
-            command, cwd=BASE_DIR, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=BASE_DIR,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=web,
         )
         self.lines: list[str] = []
         self.events: list[dict[str, str]] = []
@@ -113,6 +144,14 @@ class SchedulerProcess:
     def send(self, sig: int) -> None:
         self.process.send_signal(sig)
 
+    def kill(self) -> None:
+        """SIGKILL the replica now: a web replica's arbiter and worker together (its session), else the process."""
+        if self.web:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        elif self.process.poll() is None:
+            self.process.kill()
+
     def leadership(self) -> dict[str, float]:
         """Role → 1 when this replica's metrics port names it the holder now (``hardcount_leader_holder``), else 0."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
@@ -133,8 +172,10 @@ class SchedulerProcess:
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self.kill()
                 self.process.wait(5)
+        if self.web:
+            self.kill()  # a worker that outlived its arbiter goes too
         self._reader.join(5)
         return self.process.returncode
 
@@ -145,12 +186,16 @@ class ServeProcess:
     ``var_dir`` is its own ``HARDCOUNT_VAR_DIR`` and the port a free one, so it touches neither the
     developer's database nor port 8000. It starts its own localstripe and strict dev Stripe (the
     test's ``STRIPE_API_BASE``/``STRIPE_API_KEY`` are dropped), one web worker and no demo book unless
-    ``demo_subscriptions`` or ``env`` (applied last) say otherwise.
+    ``demo_subscriptions`` or ``env`` (applied last) say otherwise. With ``make``, it is ``make run`` itself
+    (migrations and ``collectstatic`` first), in a session of its own as a terminal's foreground job would be:
+    :attr:`process` is then ``make``.
     """
 
     READY_LINE = "Hardcount is running."
 
-    def __init__(self, var_dir: Path, *, demo_subscriptions: int = 0, env: dict[str, str] | None = None):
+    def __init__(
+        self, var_dir: Path, *, demo_subscriptions: int = 0, env: dict[str, str] | None = None, make: bool = False
+    ):
         with bind_local_port() as sock:
             self.port = sock.getsockname()[1]
         full_env = {k: v for k, v in os.environ.items() if k not in ("STRIPE_API_BASE", "STRIPE_API_KEY")}
@@ -163,14 +208,17 @@ class ServeProcess:
             HARDCOUNT_DEVSTACK="1",
         )
         full_env.update(env or {})
+        if make:  # not an outer make's jobserver and flags (make test runs pytest)
+            full_env = {k: v for k, v in full_env.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
         self.env = full_env
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],
+            ["make", "--no-print-directory", "run"] if make else [sys.executable, "manage.py", "serve"],
             cwd=BASE_DIR,
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=make,
         )
         self.lines: list[str] = []
         self.ready = threading.Event()

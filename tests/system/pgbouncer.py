@@ -5,6 +5,8 @@
 authentication of the test database's user (the embedded PostgreSQL trusts its Unix socket), the
 server reached through that socket. :class:`PooledReplicas` are the failure-correctness replicas
 (:class:`tests.system.correctness.Replicas`) with ``DATABASE_URL`` pointing at it.
+:class:`SessionSampler` watches both sides of it while a test runs, and :func:`assert_within_pool`
+checks what it saw (the ``bouncer``, ``pooled`` and ``sampler`` fixtures are in tests/system/conftest.py).
 
 :func:`server_sessions` counts what PostgreSQL itself sees: the client backends of the test
 database other than this test process's own, which connect directly under the application name
@@ -33,6 +35,8 @@ from tests.system.harness import free_port
 
 # This test process's own sessions: direct, not through the pooler, and left out of the count.
 DIRECT = "hc-test-direct"
+# Server connections the tests' pooler opens at most.
+POOL = 6
 
 
 def pgbouncer_binary() -> str:
@@ -71,7 +75,7 @@ def server_sessions() -> int:
 class PgBouncer:
     """A running ``pgbouncer`` in transaction mode with ``pool`` server connections at most."""
 
-    def __init__(self, *, pool: int = 6):
+    def __init__(self, *, pool: int = POOL):
         # Its own directory right under the temporary root: pytest's tmp_path sits below a root-only
         # directory, which the unprivileged user pgbouncer runs as (when we are root) could not enter.
         directory = Path(tempfile.mkdtemp(prefix="hc-pgbouncer-"))
@@ -170,15 +174,53 @@ pidfile = {directory / "pgbouncer.pid"}
 class PooledReplicas(Replicas):
     """:class:`Replicas` whose processes reach the database through ``bouncer`` (transaction pooling on)."""
 
-    def __init__(self, env: dict[str, str], bouncer: PgBouncer):
-        super().__init__({**env, "HARDCOUNT_DB_TRANSACTION_POOLING": "1"})
+    def __init__(self, env: dict[str, str], bouncer: PgBouncer, *, web: bool = False):
+        super().__init__({**env, "HARDCOUNT_DB_TRANSACTION_POOLING": "1"}, web=web)
         self._url = bouncer.url
         self.bouncer = bouncer
 
     def kill(self, process, *, timeout_s: float = 15) -> None:
         """SIGKILL ``process`` and reap it. PostgreSQL's sessions are the pooler's and outlive it; the pooler
         ends the server side of a transaction the process left open when it sees the client gone."""
-        if process.process.poll() is None:
-            process.process.kill()
+        process.kill()
         process.process.wait(timeout_s)
         time.sleep(0.2)  # the pooler reads the closed sockets
+
+
+class SessionSampler:
+    """On a thread: PostgreSQL's sessions of the test database every 10 ms, the pooler's client
+    connections every 200 ms; the peak of each."""
+
+    def __init__(self, bouncer: PgBouncer):
+        self.bouncer = bouncer
+        self.peak = self.peak_clients = self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.01):
+                self.peak = max(self.peak, server_sessions())
+                if self.samples % 20 == 0:
+                    self.peak_clients = max(self.peak_clients, self.bouncer.clients())
+                self.samples += 1
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def assert_within_pool(sampler: SessionSampler, *, more_clients: bool = False) -> None:
+    """PostgreSQL never saw more than the pool; with ``more_clients``, the replicas also held more client
+    connections than that (so the pool was needed, not merely big enough). Stops the sampler."""
+    sampler.stop()
+    pool = sampler.bouncer.pool
+    assert sampler.samples > 10, "the sampler did not run"
+    peak, clients = sampler.peak, sampler.peak_clients
+    assert 1 <= peak <= pool, f"PostgreSQL saw {peak} sessions through a pool of {pool}:\n{sampler.bouncer.tail()}"
+    if more_clients:
+        assert clients > pool, f"at most {clients} client connections: nothing to pool"
+    print(f"through PgBouncer: up to {clients} client connections, at most {peak} server sessions (pool {pool})")

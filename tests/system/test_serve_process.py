@@ -4,7 +4,9 @@ Each test starts ``serve`` against the test database (through ``DATABASE_URL``) 
 ``HARDCOUNT_VAR_DIR`` and a free port, so it touches neither the developer's database nor port 8000.
 """
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -73,6 +75,31 @@ def test_killed_serve_takes_its_children_with_it(tmp_path):
     finally:
         if serve.process.poll() is None:
             serve.process.kill()
+
+
+def test_sigterm_to_make_run_stops_serve_and_every_child(tmp_path):
+    # make passes SIGTERM to the child it started and waits for it. When that child was a shell running serve
+    # (dash does not exec a recipe's last command), the shell died and serve, gunicorn and both Stripes ran on.
+    run = ServeProcess(tmp_path / "var", make=True)
+    left: list[psutil.Process] = []
+    try:
+        run.wait_ready(timeout_s=180)
+        left = psutil.Process(run.process.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in left)
+        for name in ("manage.py serve", "gunicorn", "localstripe", "strict_stripe"):
+            assert name in names, names
+
+        run.process.send_signal(signal.SIGTERM)
+        run.process.wait(60)
+        alive = _gone(left, 10)
+        assert alive == [], [" ".join(p.cmdline()) for p in alive]
+        assert "Stopped gunicorn and localstripe." in run.lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.process.pid, signal.SIGKILL)  # make's group: serve, and a shell if one was between
+        for process in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 def test_first_start_seeds_the_demo_book_and_reports_until_the_first_drain_billed_it(tmp_path):
