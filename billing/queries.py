@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
@@ -458,18 +458,27 @@ def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now
     params = {"tenant": tenant_id, "livemode": livemode, "rows": json.dumps(rows, separators=(",", ":")), "now": now}
     with connection.cursor() as cursor:
         try:
-            with transaction.atomic():
-                cursor.execute(INSERT_METER_EVENTS, params)
+            # The savepoint and its release travel with the statement: one round trip, where Django's atomic() makes
+            # three. On an error the savepoint is still open (the release never ran) and is rolled back to below;
+            # any other error leaves it to the caller's transaction, which rolls back whole.
+            cursor.execute(f"SAVEPOINT meter_events; {INSERT_METER_EVENTS}; RELEASE SAVEPOINT meter_events", params)
             return set()
         except IntegrityError as exc:
             if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != METER_EVENT_GUARD_KEY:
                 raise
+        cursor.execute("ROLLBACK TO SAVEPOINT meter_events; RELEASE SAVEPOINT meter_events")
         cursor.execute(INSERT_METER_EVENTS_ADMITTED, params)
         return {row[0] for row in cursor.fetchall()}
 
 
 def _identifier(row: dict) -> str:
     return row["identifier"]
+
+
+def text_array(values) -> str:
+    """PostgreSQL's text form of an array of the texts ``values``, each element double-quoted (so ``NULL``, commas
+    and braces are plain text), ``\\`` and ``"`` escaped."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
 
 
 def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:
@@ -487,15 +496,17 @@ def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:
 
 def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, tuple[str | None, str | None]]:
     """What an insert needs of the customers of the tenant and mode among ``ids``: by id, ``(test clock id, usage
-    billed-until per meter as JSON text or None when empty)`` (0170). One array parameter, no model instances;
-    the caller decodes a cutoff only for a customer that has one (most have billed nothing early)."""
+    billed-until per meter as JSON text or None when empty)`` (0170). One array parameter, written as the array's
+    text here (the driver's quoting of 1,000 elements one by one cost a batch 2 ms; decision 0216) and read as the
+    same untyped literal the driver sends for a list, so the plan is the same; no model instances. The caller
+    decodes a cutoff only for a customer that has one (most have billed nothing early)."""
     if not ids:
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, test_clock_id, NULLIF(usage_billed_until, '{}'::jsonb)::text FROM billing_customer"
             " WHERE tenant_id = %s AND livemode = %s AND id = ANY(%s)",
-            [tenant_id, livemode, list(ids)],
+            [tenant_id, livemode, text_array(ids)],
         )
         return {id_: (clock, billed) for id_, clock, billed in cursor.fetchall()}
 

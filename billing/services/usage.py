@@ -734,13 +734,18 @@ def _timestamp(value) -> datetime | None:
     return None
 
 
+_COUNT, _UNIQUE_COUNT = Meter.Formula.COUNT.value, Meter.Formula.UNIQUE_COUNT.value
+
+
 def _value(meter: Meter, payload: dict) -> int | None:
     """The stored value of an event for ``meter``: an integer 0..10⁹ under its value key (None for ``count``
     and ``unique_count``, which need no value; ``unique_count`` needs the property present)."""
     raw = payload.get(meter.value_key)
-    if meter.formula == Meter.Formula.COUNT:
+    formula = meter.formula
+    # Plain strings: an enum member read through its class costs a microsecond, twice per event.
+    if formula == _COUNT:
         return None
-    if meter.formula == Meter.Formula.UNIQUE_COUNT:
+    if formula == _UNIQUE_COUNT:
         if raw is None or raw == "":
             raise _Refused("value_missing", f"payload.{meter.value_key} is required.", f"payload.{meter.value_key}")
         return None
