@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection
@@ -492,6 +493,29 @@ def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:
             [retention, limit],
         )
         return cursor.rowcount
+
+
+class IngestMeter(NamedTuple):
+    """What an insert needs of a meter (:func:`ingest_meters`)."""
+
+    id: str
+    formula: str
+    customer_key: str
+    value_key: str
+
+
+def ingest_meters(tenant_id: str, livemode: bool, names: set[str]) -> dict[str, IngestMeter]:
+    """The meters of the tenant and mode named by ``names`` (event names), by event name: one query without the
+    ORM (building and compiling the queryset cost a batch more than running it, decision 0216)."""
+    if not names:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT event_name, id, formula, customer_key, value_key FROM billing_meter"
+            " WHERE tenant_id = %s AND livemode = %s AND event_name = ANY(%s)",
+            [tenant_id, livemode, text_array(names)],
+        )
+        return {name: IngestMeter(*rest) for name, *rest in cursor.fetchall()}
 
 
 def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, tuple[str | None, str | None]]:

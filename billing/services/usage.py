@@ -529,9 +529,7 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
         now = ingest_time_locked()
         shaped = [_shape(index, raw) for index, raw in enumerate(events)]
         names = {s[0] for s in shaped if type(s) is tuple}
-        meters = {
-            m.event_name: m for m in Meter.objects.filter(tenant_id=tenant_id, livemode=livemode, event_name__in=names)
-        }
+        meters = queries.ingest_meters(tenant_id, livemode, names)
         customer_ids = set()
         for s in shaped:
             if type(s) is tuple and s[0] in meters:
@@ -737,7 +735,7 @@ def _timestamp(value) -> datetime | None:
 _COUNT, _UNIQUE_COUNT = Meter.Formula.COUNT.value, Meter.Formula.UNIQUE_COUNT.value
 
 
-def _value(meter: Meter, payload: dict) -> int | None:
+def _value(meter: queries.IngestMeter, payload: dict) -> int | None:
     """The stored value of an event for ``meter``: an integer 0..10⁹ under its value key (None for ``count``
     and ``unique_count``, which need no value; ``unique_count`` needs the property present)."""
     raw = payload.get(meter.value_key)
