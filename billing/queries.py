@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
@@ -457,7 +457,9 @@ def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now
         return set()
     rows.sort(key=_identifier)
     params = {"tenant": tenant_id, "livemode": livemode, "rows": json.dumps(rows, separators=(",", ":")), "now": now}
-    with connection.cursor() as cursor:
+    # savepoint=False: no savepoint of Django's inside a caller's transaction (ours is below); a transaction of its
+    # own when called in autocommit.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         try:
             # The savepoint and its release travel with the statement: one round trip, where Django's atomic() makes
             # three. On an error the savepoint is still open (the release never ran) and is rolled back to below;
