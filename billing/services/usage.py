@@ -643,7 +643,9 @@ def _shape(index: int, raw) -> tuple | EventResult:
     """An event's fields checked on their own: ``(event_name, payload, timestamp or None, identifier or None)``."""
     identifier = raw.get("identifier") if isinstance(raw, dict) else None
     # Echoed in the batch's results: text that cannot be stored cannot be rendered back either (a lone surrogate).
-    identifier = identifier if isinstance(identifier, str) and storable_text(identifier) else None
+    # _storable, not storable_text: ASCII, the usual case, is known storable without encoding it (decision 0215).
+    storable_identifier = isinstance(identifier, str) and _storable(identifier)
+    identifier = identifier if storable_identifier else None
 
     def refused(code: str, message: str, param: str) -> EventResult:
         return EventResult(index, identifier, "refused", {"code": code, "message": message, "param": param})
@@ -653,7 +655,7 @@ def _shape(index: int, raw) -> tuple | EventResult:
     if not raw.keys() <= _EVENT_KEYS:
         return refused("parameter_unknown", "Unknown parameter.", sorted(set(raw) - _EVENT_KEYS)[0])
     name = raw.get("event_name")
-    if not isinstance(name, str) or not 1 <= len(name) <= 100 or not storable_text(name):
+    if not isinstance(name, str) or not 1 <= len(name) <= 100 or not _storable(name):
         return refused(
             "parameter_invalid", "event_name must be a string of 1 to 100 characters (no NUL).", "event_name"
         )
@@ -665,11 +667,7 @@ def _shape(index: int, raw) -> tuple | EventResult:
             "payload must be an object of up to 50 string or integer values (text without NUL characters).",
             "payload",
         )
-    if "identifier" in raw and (
-        not isinstance(raw["identifier"], str)
-        or not 1 <= len(raw["identifier"]) <= 100
-        or not storable_text(raw["identifier"])
-    ):
+    if "identifier" in raw and not (storable_identifier and 1 <= len(identifier) <= 100):
         return refused(
             "parameter_invalid", "identifier must be a string of 1 to 100 characters (no NUL).", "identifier"
         )
@@ -691,16 +689,18 @@ def _checked_payload(payload: dict) -> dict | None:
         return None
     checked = {}
     for key, raw in payload.items():
-        if not isinstance(key, str) or len(key) > 100 or not _storable(key):
+        if type(key) is not str or len(key) > 100 or not _storable(key):
             return None
-        value = int(raw) if isinstance(raw, float) and raw.is_integer() else raw
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            return None
-        if isinstance(value, str):
+        # Exact types (what the JSON parser makes; a bool is not an int here): cheaper than isinstance of a union.
+        value, kind = raw, type(raw)
+        if kind is str:
             if len(value) > 500 or not _storable(value):
                 return None
-        elif not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
-            return None
+        else:
+            if kind is float and value.is_integer():
+                value, kind = int(value), int
+            if kind is not int or not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
+                return None
         checked[key] = value
     return checked
 
