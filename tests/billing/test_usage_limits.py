@@ -123,3 +123,31 @@ def test_guard_rows_past_the_retention_are_pruned_and_a_resent_old_event_is_then
 def test_the_guards_retention_follows_a_grace_longer_than_a_day(settings):
     settings.HARDCOUNT_USAGE_GRACE_S = 3 * 86400
     assert usage.identifier_retention() == timedelta(days=3, minutes=5, hours=1)
+
+
+def test_an_immediate_cancel_whose_usage_is_beyond_a_payment_is_a_422_and_changes_nothing(book, monkeypatch):
+    from billing.services.changes import cancel_subscription
+    from hardcount.errors import InvalidRequestError
+    from tests.billing.test_usage_changes import JAN15, _setup
+    from tests.clocks.helpers import advance
+
+    tenant, clock, customer, sub, *_ = _setup(book)  # 40 units at 3 cents by Jan 15
+    assert _ingest(tenant, [_event(customer, usage.MAX_EVENT_VALUE, None)])[0].status == "accepted"
+    advance(clock, JAN15 + timedelta(seconds=1))
+
+    def cancel():
+        return cancel_subscription(tenant_id=tenant.id, livemode=False, subscription_id=sub.id, prorate=False)
+
+    with pytest.raises(InvalidRequestError) as refused:
+        cancel()
+    assert refused.value.code == "usage_amount_too_large"
+    sub.refresh_from_db()
+    assert sub.status == "active" and not Invoice.objects.filter(subscription=sub, billing_reason="subscription_update")
+    customer.refresh_from_db()
+    assert customer.usage_billed_until == {}
+
+    # The negative control: without the check the cancel writes a final invoice no PaymentIntent can take.
+    monkeypatch.setattr(usage, "MAX_AMOUNT", 10**40)
+    cancel()
+    final = Invoice.objects.get(subscription=sub, billing_reason="subscription_update")
+    assert final.total == (40 + usage.MAX_EVENT_VALUE) * 3 > 99_999_999
