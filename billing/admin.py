@@ -731,7 +731,7 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
         "period",
         "scope",
     )
-    list_filter = (*SCOPE_FILTERS, "status", "tax_status")
+    list_filter = (*SCOPE_FILTERS, "status", "tax_status", "hold_reason")
     list_select_related = ("customer", "tenant")
     sortable_by = ("id",)
     search_fields = ("id",)
@@ -747,6 +747,7 @@ class InvoiceAdmin(ScopeColumns, ReadOnlyAdmin):
                     "id",
                     "number",
                     "status",
+                    "hold_reason",
                     "tenant",
                     "livemode",
                     "customer_link",

@@ -8,7 +8,8 @@ guards every write of the drain; its liveness stamp is written after every page,
 longer than the interval never looks stale. A lost lease or a stop request ends the tick at the
 drain's next safe point (``fence.alive()``). With ``HARDCOUNT_BILLING_SHARDS`` > 1 there is one
 such role per shard (``billing:0`` …, :mod:`billing.shards`), each draining its tenants under its
-own lease and fence; shard 0 alone runs the resumes and the reconcilers.
+own lease and fence; shard 0 alone runs the resumes, the reconcilers and the pruning of the meter events'
+identifier guard past its retention (:func:`billing.services.usage.prune_identifiers`).
 
 :class:`DunningRole` (docs/reference/dunning.md): retries of declined invoices, one replica at a
 time. A tick, under the ``dunning`` lease: the live-mode pass, then the test-mode pass, over
@@ -31,6 +32,7 @@ from billing.services.clocks import resume_stalled_advances
 from billing.services.drain import drain_due, reconcile
 from billing.services.dunning_pass import process_due
 from billing.services.manual_runs import resume_stalled_manual_runs
+from billing.services.usage import prune_identifiers
 from billing.shards import FAMILY, Shard, configured_count
 from hardcount.scheduler import TickContext, TickFailed
 
@@ -108,6 +110,8 @@ class BillingRole:
             reconciled = reconcile(livemode=livemode, fence=ctx.fence) or {}
             for key, value in reconciled.items():
                 counts[f"{mode}_reconcile_{key}"] = value
+        # The meter events' identifier guard past its retention (docs/decisions/0219): one indexed range, small.
+        counts["meter_identifiers_pruned"] = prune_identifiers(fence=ctx.fence, on_batch=ctx.stamp)
         return True
 
 

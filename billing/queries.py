@@ -14,9 +14,10 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
@@ -391,17 +392,37 @@ def usage_hold_locked() -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [USAGE_INGEST_LOCK])
 
 
-INSERT_METER_EVENTS = """
+# The batch's rows as a relation: one JSON parameter, the billing time ``now`` the default of both instants.
+_METER_EVENT_INPUT = """
     WITH input AS (
         SELECT i.id, i.identifier, i.event_name, i.customer_id, i.value, i.payload,
                COALESCE(i.ts, i.created_at, %(now)s) AS ts, COALESCE(i.created_at, %(now)s) AS created_at
         FROM jsonb_to_recordset(%(rows)s::jsonb)
             AS i(id text, identifier text, event_name text, customer_id text, value bigint, payload jsonb,
                  ts timestamptz, created_at timestamptz)
-    ), admitted AS (
+    )"""
+
+# The usual case, a batch none of whose identifiers was stored before: every guard row and every event inserted by a
+# plain INSERT each. A stored (or concurrently inserted, then committed) identifier makes the guard's primary key
+# raise, and :func:`insert_meter_events` runs INSERT_METER_EVENTS_ADMITTED instead (decision 0215).
+INSERT_METER_EVENTS = f"""{_METER_EVENT_INPUT}, guarded AS (
         INSERT INTO billing_metereventidentifier
             (tenant_id, livemode, identifier, event_id, event_timestamp, created_at)
-        SELECT %(tenant)s, %(livemode)s, identifier, id, ts, created_at FROM input
+        SELECT %(tenant)s, %(livemode)s, identifier, id, ts, %(now)s FROM input
+    )
+    INSERT INTO billing_meterevent
+        (id, tenant_id, livemode, event_name, customer_id, identifier, value, payload, timestamp, created_at)
+    SELECT id, %(tenant)s, %(livemode)s, event_name, customer_id, identifier, value, payload, ts, created_at
+    FROM input
+"""
+
+# A batch with an identifier stored before: each identifier's guard row inserted ``ON CONFLICT DO NOTHING``, and only
+# the events whose guard row was inserted, joined back on the event table's whole key (decisions 0164, 0174); the
+# identifiers not admitted are returned (the duplicates).
+INSERT_METER_EVENTS_ADMITTED = f"""{_METER_EVENT_INPUT}, admitted AS (
+        INSERT INTO billing_metereventidentifier
+            (tenant_id, livemode, identifier, event_id, event_timestamp, created_at)
+        SELECT %(tenant)s, %(livemode)s, identifier, id, ts, %(now)s FROM input
         ON CONFLICT DO NOTHING
         RETURNING event_id, event_timestamp
     ), inserted AS (
@@ -415,39 +436,103 @@ INSERT_METER_EVENTS = """
     WHERE NOT EXISTS (SELECT 1 FROM admitted a WHERE a.event_id = i.id AND a.event_timestamp = i.ts)
 """
 
+METER_EVENT_GUARD_KEY = "billing_metereventidentifier_pkey"
+
 
 def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now: datetime) -> set[str]:
-    """INSERT_METER_EVENTS: insert a batch of meter events in one statement; the identifiers not inserted (stored
-    before: duplicates), usually none, so a batch reads back no row per event.
+    """Insert a batch of meter events; the identifiers not inserted (stored before: duplicates), usually none.
 
     ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (a dict),
     "ts"?, "created_at"?}`` (ISO 8601 texts; ``created_at`` defaults to ``now``, ``ts`` to ``created_at``),
-    identifiers distinct within the batch. Each event is admitted by its identifier's row (``INSERT … ON
-    CONFLICT DO NOTHING`` on the primary key (tenant, livemode, identifier)): an identifier seen before, by
-    this batch's retry or by a concurrent batch on another connection (which the insert waits for), admits
-    nothing, so no event is ever stored twice. The admitted rows are joined back on the event table's whole
-    key (``timestamp``, ``id``). The batch travels as one JSON parameter (``jsonb_to_recordset``): one
-    statement whatever the batch's size, one string for the driver to send (decisions 0172, 0174).
+    identifiers distinct within the batch. Each event is admitted by its identifier's row in the guard, whose
+    primary key (tenant, livemode, identifier) no two events share, whichever connection inserts them: so no
+    event is ever stored twice. First INSERT_METER_EVENTS, plain inserts under a savepoint (the usual batch has
+    no stored identifier); when the guard's key refuses a row (an identifier stored before, by a retry or by a
+    concurrent batch that the insert waited for), the savepoint is rolled back and INSERT_METER_EVENTS_ADMITTED
+    admits the others. Rows are sent sorted by identifier, so two batches sharing identifiers take their keys in
+    the same order and cannot deadlock. The batch travels as one JSON parameter (``jsonb_to_recordset``):
+    decisions 0172, 0174, 0215.
     """
     if not rows:
         return set()
-    batch = json.dumps(rows, separators=(",", ":"))
-    with connection.cursor() as cursor:
-        cursor.execute(INSERT_METER_EVENTS, {"tenant": tenant_id, "livemode": livemode, "rows": batch, "now": now})
+    rows.sort(key=_identifier)
+    params = {"tenant": tenant_id, "livemode": livemode, "rows": json.dumps(rows, separators=(",", ":")), "now": now}
+    # savepoint=False: no savepoint of Django's inside a caller's transaction (ours is below); a transaction of its
+    # own when called in autocommit.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        try:
+            # The savepoint and its release travel with the statement: one round trip, where Django's atomic() makes
+            # three. On an error the savepoint is still open (the release never ran) and is rolled back to below;
+            # any other error leaves it to the caller's transaction, which rolls back whole.
+            cursor.execute(f"SAVEPOINT meter_events; {INSERT_METER_EVENTS}; RELEASE SAVEPOINT meter_events", params)
+            return set()
+        except IntegrityError as exc:
+            if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != METER_EVENT_GUARD_KEY:
+                raise
+        cursor.execute("ROLLBACK TO SAVEPOINT meter_events; RELEASE SAVEPOINT meter_events")
+        cursor.execute(INSERT_METER_EVENTS_ADMITTED, params)
         return {row[0] for row in cursor.fetchall()}
+
+
+def _identifier(row: dict) -> str:
+    return row["identifier"]
+
+
+def text_array(values) -> str:
+    """PostgreSQL's text form of an array of the texts ``values``, each element double-quoted (so ``NULL``, commas
+    and braces are plain text), ``\\`` and ``"`` escaped."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
+
+
+def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:
+    """Delete at most ``limit`` guard rows of meter events taken more than ``retention`` before the database's now(),
+    oldest first (the ``created_at`` index); the number deleted (docs/decisions/0219)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM billing_metereventidentifier WHERE ctid = ANY(ARRAY("
+            " SELECT ctid FROM billing_metereventidentifier WHERE created_at < now() - %s"
+            " ORDER BY created_at LIMIT %s))",
+            [retention, limit],
+        )
+        return cursor.rowcount
+
+
+class IngestMeter(NamedTuple):
+    """What an insert needs of a meter (:func:`ingest_meters`)."""
+
+    id: str
+    formula: str
+    customer_key: str
+    value_key: str
+
+
+def ingest_meters(tenant_id: str, livemode: bool, names: set[str]) -> dict[str, IngestMeter]:
+    """The meters of the tenant and mode named by ``names`` (event names), by event name: one query without the
+    ORM (building and compiling the queryset cost a batch more than running it, decision 0216)."""
+    if not names:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT event_name, id, formula, customer_key, value_key FROM billing_meter"
+            " WHERE tenant_id = %s AND livemode = %s AND event_name = ANY(%s)",
+            [tenant_id, livemode, text_array(names)],
+        )
+        return {name: IngestMeter(*rest) for name, *rest in cursor.fetchall()}
 
 
 def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str, tuple[str | None, str | None]]:
     """What an insert needs of the customers of the tenant and mode among ``ids``: by id, ``(test clock id, usage
-    billed-until per meter as JSON text or None when empty)`` (0170). One array parameter, no model instances;
-    the caller decodes a cutoff only for a customer that has one (most have billed nothing early)."""
+    billed-until per meter as JSON text or None when empty)`` (0170). One array parameter, written as the array's
+    text here (the driver's quoting of 1,000 elements one by one cost a batch 2 ms; decision 0216) and read as the
+    same untyped literal the driver sends for a list, so the plan is the same; no model instances. The caller
+    decodes a cutoff only for a customer that has one (most have billed nothing early)."""
     if not ids:
         return {}
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, test_clock_id, NULLIF(usage_billed_until, '{}'::jsonb)::text FROM billing_customer"
             " WHERE tenant_id = %s AND livemode = %s AND id = ANY(%s)",
-            [tenant_id, livemode, list(ids)],
+            [tenant_id, livemode, text_array(ids)],
         )
         return {id_: (clock, billed) for id_, clock, billed in cursor.fetchall()}
 

@@ -849,6 +849,14 @@ class EventListField(serializers.ListField):
     """The batch's events: JSON objects, each checked on its own by the service (a bad one is refused, the
     rest go on)."""
 
+    def run_child_validation(self, data):
+        # Objects straight from the JSON parser are taken as they are: the DictField child would copy every event
+        # key by key, a third of a 1,000-event request's time in Python (decision 0216). Anything else is refused
+        # by the child as before (422 on ``events.<index>``).
+        if all(type(event) is dict for event in data):
+            return list(data)
+        return super().run_child_validation(data)
+
 
 class MeterEventBatchCreate(StrictSerializer):
     events = EventListField(child=serializers.DictField(), min_length=1, max_length=1000)

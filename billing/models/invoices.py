@@ -74,6 +74,9 @@ class Invoice(TenantScoped):
     # The hosted invoice page's token is signed over (id, this number): rotating the URL adds one, which
     # revokes every earlier token (billing/hosted.py, docs/decisions/0161).
     hosted_url_version = models.PositiveIntegerField(default=0)
+    # Why a draft is held for an operator instead of being finalised and charged: ``amount_too_large`` (a usage
+    # line or the total beyond what one PaymentIntent can take, docs/decisions/0217); empty for every other invoice.
+    hold_reason = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         constraints = [

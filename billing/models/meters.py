@@ -97,9 +97,17 @@ class MeterEventIdentifier(models.Model):
     """
 
     pk = models.CompositePrimaryKey("tenant", "livemode", "identifier")
-    tenant = models.ForeignKey("hardcount.Tenant", on_delete=models.PROTECT, related_name="+", db_index=False)
+    # No foreign key in the database: each guard row is written by the statement that writes its event, whose own
+    # key to the tenant is checked, and is pruned long before that event (decision 0215).
+    tenant = models.ForeignKey(
+        "hardcount.Tenant", on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
+    )
     livemode = models.BooleanField()
     identifier = models.CharField(max_length=100)
     event_id = models.CharField(max_length=40)
     event_timestamp = models.DateTimeField()
+    # When the identifier was taken, on the database's clock (never a test clock's): the pruning reads it (0219).
     created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["created_at"], name="meter_event_guard_created_idx")]

@@ -87,10 +87,12 @@ class BillingAttempt(models.Model):
         SKIPPED = "skipped"
         # The charge finishes later: its PaymentIntent is processing or requires the customer's action.
         PAYMENT_PENDING = "payment_pending"
+        # The invoice is held for an operator (a usage amount beyond what a payment can take): the period advanced.
+        HELD = "held"
 
-    # Outcomes a run counts as billed: an invoice was closed (paid, declined into dunning, waiting
-    # on tax, or its payment finishing later). A failed attempt counts as failed; a skipped one as neither.
-    COUNTED_AS_BILLED = (Outcome.BILLED, Outcome.DECLINED, Outcome.TAX_PENDING, Outcome.PAYMENT_PENDING)
+    # Outcomes a run counts as billed: an invoice was closed (paid, declined into dunning, waiting on tax, held
+    # for an operator, or its payment finishing later). A failed attempt counts as failed; a skipped one as neither.
+    COUNTED_AS_BILLED = (Outcome.BILLED, Outcome.DECLINED, Outcome.TAX_PENDING, Outcome.PAYMENT_PENDING, Outcome.HELD)
     # The members under the names code written before the enums compares with.
     BILLED, DECLINED, TAX_PENDING = Outcome.BILLED, Outcome.DECLINED, Outcome.TAX_PENDING
     FAILED, SKIPPED = Outcome.FAILED, Outcome.SKIPPED

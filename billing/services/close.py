@@ -61,7 +61,7 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
-from billing.services.usage import bill_final_usage_locked, usage_before_schedule_locked, usage_lines_for
+from billing.services.usage import bill_final_usage_locked, hold_reason, usage_before_schedule_locked, usage_lines_for
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.ids import PREFIXES, new_id
@@ -293,6 +293,8 @@ def _prepare(
             if invoice is None:  # voided meanwhile (the insert saw it): try again next run
                 raise RuntimeError(f"invoice for {sub.id} at {start} vanished")
 
+        if invoice.status == Invoice.DRAFT and invoice.hold_reason:
+            return _held_locked(sub, invoice, run, now)
         customer = customer_locked(sub.customer_id)
         if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(
             invoice, now=now, customer=customer, lines=lines
@@ -374,7 +376,8 @@ def materialise_period_invoice(
     swept = sweep_pending_locked(invoice, sub) if sweep else []
     if swept:
         lines += swept
-        invoice.save(update_fields=["subtotal", "total", "amount_due"])
+        invoice.hold_reason = hold_reason(lines)
+        invoice.save(update_fields=["subtotal", "total", "amount_due", "hold_reason"])
     invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
     return invoice, lines
 
@@ -393,7 +396,8 @@ def new_draft_invoice(
     :func:`billing.services.usage.usage_lines_for`).
 
     ``subtotal = total = amount_due`` = the sum of the lines' amounts, in the subscription's currency (every
-    item's; minor units); ``created_at`` = ``now``, the billing time. ``sub.price`` must be loaded.
+    item's; minor units); ``created_at`` = ``now``, the billing time. ``sub.price`` must be loaded. ``hold_reason``
+    is set when no PaymentIntent could take it (:func:`billing.services.usage.hold_reason`, decision 0217).
     """
     lines = period_lines(sub, items, start, end)
     for line in usage:
@@ -414,6 +418,7 @@ def new_draft_invoice(
         total=amount,
         amount_due=amount,
         created_at=now,
+        hold_reason=hold_reason(lines),
     )
     for line in lines:
         line.invoice_id = invoice.id
@@ -507,6 +512,26 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
         subscription_event(sub, "subscription.updated", created_at=now)
     outcome = Outcome(OutcomeKind.TAX_PENDING, invoice.id, error="tax provider unavailable: invoice waits as a draft")
     write_billing_attempt(run, sub.id, outcome, now=now)
+    return outcome
+
+
+def _held_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
+    """A draft held for an operator (``hold_reason``): never finalised nor charged by the close, which advances the
+    period as for a pending tax, so later periods bill as usual; the attempt row names the invoice (decision 0217)."""
+    if period_advances(sub, invoice):
+        advance_period_locked(sub, invoice)
+        clear_failure_state(sub)
+        if sub.status == Subscription.TRIALING:
+            sub.status = Subscription.ACTIVE
+        sub.save()
+        subscription_event(sub, "subscription.updated", created_at=now)
+    outcome = Outcome(
+        OutcomeKind.HELD,
+        invoice.id,
+        error=f"invoice {invoice.id} held for review ({invoice.hold_reason}): beyond what one payment can take",
+    )
+    write_billing_attempt(run, sub.id, outcome, now=now)
+    log.warning("invoice %s of %s held for review: %s", invoice.id, sub.id, invoice.hold_reason)
     return outcome
 
 

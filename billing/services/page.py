@@ -171,6 +171,8 @@ def prepare_page(
             invoice, sub_lines = new_draft_invoice(
                 sub, *bounds[sub.id], now, sub_items[sub.id], usage=usage.get(sub.id, [])
             )
+            if invoice.hold_reason:
+                continue  # held for an operator by the per-close path (decision 0217)
             created = invoice_data(invoice, lines=sub_lines)
             apply_discount(invoice, sub_lines, discount)
             quote = tax_quote(invoice)

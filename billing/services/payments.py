@@ -157,6 +157,7 @@ class OutcomeKind(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     PAYMENT_PENDING = "payment_pending"
+    HELD = "held"
 
 
 @dataclass

@@ -37,7 +37,9 @@ from billing.periods import period_bounds
 from billing.queries import aggregate_usage, ingest_time_locked, insert_meter_events, materialise_invoice
 from billing.representations import meter_data
 from hardcount.errors import InvalidRequestError, business_rule_codes, storable_text
+from hardcount.fencing import NO_FENCE, Fence
 from hardcount.ids import new_ids
+from hardcount.money import MAX_AMOUNT
 from hardcount.times import iso
 from outbox.services import emit_for
 
@@ -53,6 +55,7 @@ BUSINESS_RULE_CODES = business_rule_codes(
     "timestamp_in_future",
     "timestamp_too_old",
     "timestamp_out_of_range",
+    "usage_amount_too_large",
 )
 
 # Stripe: a meter event may be at most 5 minutes in the future.
@@ -64,6 +67,13 @@ MAX_EVENT_VALUE = 10**9
 # An invoice line's quantity column is a 32-bit integer; a larger usage is shown in the description.
 MAX_LINE_QUANTITY = 2**31 - 1
 MAX_TIERS = 25
+# Why a close holds an invoice for an operator: a usage line or its total beyond one PaymentIntent (decision 0217).
+HOLD_AMOUNT_TOO_LARGE = "amount_too_large"
+# An identifier's guard row is kept at least this long after it was taken (Stripe: at least 24 hours), and at least
+# the grace window plus the 5 minutes an event may be ahead, so an event re-sent with its own timestamp after its
+# row is pruned is refused as too old (decision 0219).
+IDENTIFIER_RETENTION_MIN = timedelta(hours=24)
+IDENTIFIER_PRUNE_BATCH = 10_000
 
 
 # -- Meters ---------------------------------------------------------------------------------
@@ -346,22 +356,50 @@ def usage_until_locked(sub: Subscription, items: list[SubscriptionItem], at: dat
         for item in metered
         if windows[item.id][0] < at
     ]
+    if hold_reason(lines):
+        # A change is a request: refused whole (nothing written), where a close holds its invoice instead (0217).
+        raise InvalidRequestError(
+            f"The usage to bill up to this change comes to more than {MAX_AMOUNT:,} (minor units), more than one "
+            "payment can take; an operator has to settle it first.",
+            code="usage_amount_too_large",
+        )
     return [line for line in lines if line.amount != 0]
 
 
 def usage_line(price: Price, item_id: str, quantity: int, start: datetime, end: datetime) -> InvoiceLineItem:
-    """The unsaved line billing ``quantity`` units of ``price``'s meter over ``[start, end)``."""
+    """The unsaved line billing ``quantity`` units of ``price``'s meter over ``[start, end)``.
+
+    The amount is computed exactly (Python integers; the quantity is PostgreSQL's ``numeric`` sum). One above
+    ``MAX_AMOUNT``, more than a PaymentIntent can take and possibly more than the ``bigint`` column holds, is
+    not stored: the line's ``amount`` is 0, its description states the exact amount, and ``line.oversized`` holds
+    it, so :func:`hold_reason` holds the invoice for an operator (decision 0217).
+    """
     name = price.nickname or "Usage"
-    return InvoiceLineItem(
-        description=f"{quantity:,} × {name} usage ({_day(start)} – {_day(end)})",
+    amount = usage_amount(price, quantity)
+    description = f"{quantity:,} × {name} usage ({_day(start)} – {_day(end)})"
+    oversized = amount > MAX_AMOUNT
+    if oversized:
+        description += f": {amount:,} {price.currency.upper()} minor units, beyond {MAX_AMOUNT:,}; held for review"
+    line = InvoiceLineItem(
+        description=description[:500],
         price_id=price.id,
         quantity=min(quantity, MAX_LINE_QUANTITY),
-        amount=usage_amount(price, quantity),
+        amount=0 if oversized else amount,
         currency=price.currency,
         period_start=start,
         period_end=end,
         subscription_item=item_id,
     )
+    line.oversized = amount if oversized else None
+    return line
+
+
+def hold_reason(lines: list[InvoiceLineItem]) -> str:
+    """``HOLD_AMOUNT_TOO_LARGE`` when one of ``lines`` (unsaved, as :func:`usage_line` and the period's lines make
+    them) is oversized or their sum is above ``MAX_AMOUNT``: no PaymentIntent could take the invoice; else ``""``."""
+    if any(getattr(line, "oversized", None) for line in lines) or sum(line.amount for line in lines) > MAX_AMOUNT:
+        return HOLD_AMOUNT_TOO_LARGE
+    return ""
 
 
 def _day(at: datetime) -> str:
@@ -394,7 +432,8 @@ def final_usage_invoice_locked(
     by ``finalize``; None when they cost nothing or the invoice of that window exists (its UNIQUE ``change_key``
     ``final_usage:<subscription>:<window start>``). Charged by the reconciler (docs/decisions/0167, 0170)."""
     amount = sum(line.amount for line in lines)
-    if amount == 0:
+    held = hold_reason(lines)
+    if amount == 0 and not held:
         return None
     invoice = Invoice(
         tenant_id=sub.tenant_id,
@@ -411,6 +450,7 @@ def final_usage_invoice_locked(
         total=amount,
         amount_due=amount,
         created_at=now,
+        hold_reason=held,
     )
     row = {f.column: f.get_db_prep_save(getattr(invoice, f.attname), connection) for f in Invoice._meta.concrete_fields}
     if not materialise_invoice(row):
@@ -421,7 +461,8 @@ def final_usage_invoice_locked(
         line.invoice_id = invoice.id
     InvoiceLineItem.objects.bulk_create(lines)
     invoice_event(invoice, "invoice.created", lines=lines, created_at=now)
-    finalize(invoice, now=now, lines=lines)
+    if not held:  # a held draft waits for an operator (decision 0217)
+        finalize(invoice, now=now, lines=lines)
     return invoice
 
 
@@ -488,9 +529,7 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
         now = ingest_time_locked()
         shaped = [_shape(index, raw) for index, raw in enumerate(events)]
         names = {s[0] for s in shaped if type(s) is tuple}
-        meters = {
-            m.event_name: m for m in Meter.objects.filter(tenant_id=tenant_id, livemode=livemode, event_name__in=names)
-        }
+        meters = queries.ingest_meters(tenant_id, livemode, names)
         customer_ids = set()
         for s in shaped:
             if type(s) is tuple and s[0] in meters:
@@ -604,7 +643,9 @@ def _shape(index: int, raw) -> tuple | EventResult:
     """An event's fields checked on their own: ``(event_name, payload, timestamp or None, identifier or None)``."""
     identifier = raw.get("identifier") if isinstance(raw, dict) else None
     # Echoed in the batch's results: text that cannot be stored cannot be rendered back either (a lone surrogate).
-    identifier = identifier if isinstance(identifier, str) and storable_text(identifier) else None
+    # _storable, not storable_text: ASCII, the usual case, is known storable without encoding it (decision 0215).
+    storable_identifier = isinstance(identifier, str) and _storable(identifier)
+    identifier = identifier if storable_identifier else None
 
     def refused(code: str, message: str, param: str) -> EventResult:
         return EventResult(index, identifier, "refused", {"code": code, "message": message, "param": param})
@@ -614,7 +655,7 @@ def _shape(index: int, raw) -> tuple | EventResult:
     if not raw.keys() <= _EVENT_KEYS:
         return refused("parameter_unknown", "Unknown parameter.", sorted(set(raw) - _EVENT_KEYS)[0])
     name = raw.get("event_name")
-    if not isinstance(name, str) or not 1 <= len(name) <= 100 or not storable_text(name):
+    if not isinstance(name, str) or not 1 <= len(name) <= 100 or not _storable(name):
         return refused(
             "parameter_invalid", "event_name must be a string of 1 to 100 characters (no NUL).", "event_name"
         )
@@ -626,11 +667,7 @@ def _shape(index: int, raw) -> tuple | EventResult:
             "payload must be an object of up to 50 string or integer values (text without NUL characters).",
             "payload",
         )
-    if "identifier" in raw and (
-        not isinstance(raw["identifier"], str)
-        or not 1 <= len(raw["identifier"]) <= 100
-        or not storable_text(raw["identifier"])
-    ):
+    if "identifier" in raw and not (storable_identifier and 1 <= len(identifier) <= 100):
         return refused(
             "parameter_invalid", "identifier must be a string of 1 to 100 characters (no NUL).", "identifier"
         )
@@ -652,16 +689,18 @@ def _checked_payload(payload: dict) -> dict | None:
         return None
     checked = {}
     for key, raw in payload.items():
-        if not isinstance(key, str) or len(key) > 100 or not _storable(key):
+        if type(key) is not str or len(key) > 100 or not _storable(key):
             return None
-        value = int(raw) if isinstance(raw, float) and raw.is_integer() else raw
-        if isinstance(value, bool) or not isinstance(value, str | int):
-            return None
-        if isinstance(value, str):
+        # Exact types (what the JSON parser makes; a bool is not an int here): cheaper than isinstance of a union.
+        value, kind = raw, type(raw)
+        if kind is str:
             if len(value) > 500 or not _storable(value):
                 return None
-        elif not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
-            return None
+        else:
+            if kind is float and value.is_integer():
+                value, kind = int(value), int
+            if kind is not int or not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
+                return None
         checked[key] = value
     return checked
 
@@ -693,13 +732,18 @@ def _timestamp(value) -> datetime | None:
     return None
 
 
-def _value(meter: Meter, payload: dict) -> int | None:
+_COUNT, _UNIQUE_COUNT = Meter.Formula.COUNT.value, Meter.Formula.UNIQUE_COUNT.value
+
+
+def _value(meter: queries.IngestMeter, payload: dict) -> int | None:
     """The stored value of an event for ``meter``: an integer 0..10⁹ under its value key (None for ``count``
     and ``unique_count``, which need no value; ``unique_count`` needs the property present)."""
     raw = payload.get(meter.value_key)
-    if meter.formula == Meter.Formula.COUNT:
+    formula = meter.formula
+    # Plain strings: an enum member read through its class costs a microsecond, twice per event.
+    if formula == _COUNT:
         return None
-    if meter.formula == Meter.Formula.UNIQUE_COUNT:
+    if formula == _UNIQUE_COUNT:
         if raw is None or raw == "":
             raise _Refused("value_missing", f"payload.{meter.value_key} is required.", f"payload.{meter.value_key}")
         return None
@@ -753,3 +797,29 @@ def stored_event(*, tenant_id: str, livemode: bool, identifier: str) -> dict | N
         return None
     event = MeterEvent.objects.filter(timestamp=guard.event_timestamp, id=guard.event_id).values().first()
     return None if event is None else meter_event_data(event, livemode)
+
+
+def identifier_retention() -> timedelta:
+    """How long an identifier's guard row is kept after it was taken: ``IDENTIFIER_RETENTION_MIN`` (Stripe keeps an
+    identifier unique for at least 24 hours) or the grace window plus ``FUTURE_SKEW``, whichever is longer, plus an
+    hour for clock drift between the processes that make ids and the database (decision 0219)."""
+    grace = timedelta(seconds=settings.HARDCOUNT_USAGE_GRACE_S) + FUTURE_SKEW
+    return max(IDENTIFIER_RETENTION_MIN, grace) + timedelta(hours=1)
+
+
+def prune_identifiers(*, fence: Fence = NO_FENCE, batch: int = IDENTIFIER_PRUNE_BATCH, on_batch=None) -> int:
+    """Delete the meter events' guard rows taken (``created_at``, the database's clock) more than
+    :func:`identifier_retention` ago, in fenced transactions of at most ``batch`` rows (oldest first, by their
+    index); the number deleted. The events stay: only a retry's de-duplication after that long is given up,
+    as Stripe does after 24 hours. Raises :class:`hardcount.fencing.LeaseLost` when the fence refuses."""
+    pruned = 0
+    while fence.alive():
+        with transaction.atomic():
+            fence.check()
+            deleted = queries.prune_meter_event_identifiers(identifier_retention(), batch)
+        pruned += deleted
+        if on_batch:
+            on_batch()
+        if deleted < batch:
+            break
+    return pruned
