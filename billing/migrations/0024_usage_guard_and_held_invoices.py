@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("billing", "0022_monthly_partitions"),
+        ("billing", "0023_credit_note_request_key"),
         ("hardcount", "0008_claim"),
     ]
 
