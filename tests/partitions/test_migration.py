@@ -66,9 +66,11 @@ def seed(tenant, months: list[datetime]) -> None:
     from billing.models import BillingAttempt, BillingRun, Meter, MeterEvent, PaymentAttempt
 
     # Invoices as they were before the partitioning: migrations after it may add columns the tables lack here.
-    OldInvoice = MigrationExecutor(connection).loader.project_state(
-        [previous(app, name) for app, name in MIGRATIONS]
-    ).apps.get_model("billing", "Invoice")
+    OldInvoice = (
+        MigrationExecutor(connection)
+        .loader.project_state([previous(app, name) for app, name in MIGRATIONS])
+        .apps.get_model("billing", "Invoice")
+    )
     from outbox.models import Delivery, DeliveryAttempt, Event, WebhookEndpoint
 
     endpoint = WebhookEndpoint.objects.create(
