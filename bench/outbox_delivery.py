@@ -26,6 +26,16 @@ the claim query (``poll``, the default dispatch) and through a stream (``nats``,
 from the shared durable consumer; docs/decisions/0200). The stream side's backlog is published before
 its clock starts; each executor process prints how many rows the stream brought and how many its sweep
 claimed. Without ``nats-server`` (``make nats``) the stream side is left out, saying so.
+
+Beside each executor side's rate the bench prints what a delivery cost the primary in that side's
+run, from the server's own counters read before its processes start and after they have exited (a
+session's statistics reach ``pg_stat_database`` when it ends): commits per delivery (``xact_commit``
++ ``xact_rollback`` of the bench database), WAL bytes per delivery (``pg_current_wal_lsn()``; the
+WAL is the whole server's, so this holds only because the sides run one after another, each after a
+``CHECKPOINT`` so each starts with the same full-page writes to make), and statements per delivery
+when ``pg_stat_statements`` is loaded. Then, with nothing due, one idle executor process per dispatch
+(the executor's own poll interval of 1 s and sweep of 5 s) runs for ``--idle-seconds``: the
+transactions per second it alone costs the primary.
 """
 
 from __future__ import annotations
@@ -92,7 +102,9 @@ def _serve(port_queue) -> None:
 # --- Hardcount ----------------------------------------------------------------------------
 
 
-def _executor_process(conninfo: str, workers: int, nats_url: str | None, index: int, ready, stop) -> None:
+def _executor_process(
+    conninfo: str, workers: int, nats_url: str | None, index: int, ready, stop, poll_interval_s: float = 0.05
+) -> None:
     """One executor process (the bench's DATABASE_URL and allowlist come from the environment).
 
     With ``nats_url`` it dispatches through the stream there, else with the claim query.
@@ -104,7 +116,7 @@ def _executor_process(conninfo: str, workers: int, nats_url: str | None, index: 
     from outbox.stream import NatsDeliveryStream
 
     dispatch = "nats" if nats_url else "poll"
-    config = ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=0.05, dispatch=dispatch)
+    config = ExecutorConfig(workers=workers, timeout_s=10, poll_interval_s=poll_interval_s, dispatch=dispatch)
     stream = NatsDeliveryStream(nats_url, ack_wait_s=config.stream_ack_wait_s) if nats_url else None
     executor = Executor(config, executor_id=f"bench-{index}", conninfo=conninfo, stream=stream).start()
     ready.set()
@@ -241,6 +253,108 @@ def check_hardcount() -> None:
     assert delivered == attempts and failed == 0, (delivered, attempts, failed)
 
 
+# --- what the primary sees ------------------------------------------------------------------
+
+
+class PrimaryMeter:
+    """The server's counters for the bench database, read from a session on the ``postgres`` database.
+
+    Reading from another database keeps the meter's own transactions out of the counts.
+    """
+
+    def __init__(self, conninfo: str, database: str):
+        import psycopg
+
+        parts = {**psycopg.conninfo.conninfo_to_dict(conninfo), "dbname": "postgres", "application_name": "bench"}
+        self.conn = psycopg.connect(**parts, autocommit=True)
+        self.database = database
+        preload = self.conn.execute("SELECT current_setting('shared_preload_libraries')").fetchone()[0]
+        self.statements = "pg_stat_statements" in preload
+        if self.statements:
+            with psycopg.connect(conninfo, autocommit=True) as bench_db:
+                bench_db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    def checkpoint(self) -> None:
+        """Start the next side after a checkpoint: each then pays the same full-page writes."""
+        self.conn.execute("CHECKPOINT")
+
+    def settled(self) -> dict:
+        """The counters once no session is left on the bench database (its statistics are flushed at exit).
+
+        Closes this process's own Django connection first; the next query opens another.
+        """
+        from django.db import connection
+
+        connection.close()
+        deadline = time.monotonic() + 30
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        while self.conn.execute(query, (self.database,)).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # a session leaves pg_stat_activity just before its statistics are flushed
+        return self.read()
+
+    def read(self) -> dict:
+        """Commits + rollbacks of the bench database, the WAL position, statements (or None), and the time."""
+        row = self.conn.execute(
+            "SELECT xact_commit + xact_rollback, pg_current_wal_lsn() FROM pg_stat_database WHERE datname = %s",
+            (self.database,),
+        ).fetchone()
+        statements = None
+        if self.statements:
+            statements = self.conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid"
+                " WHERE d.datname = %s",
+                (self.database,),
+            ).fetchone()[0]
+        return {"xacts": row[0], "lsn": row[1], "statements": statements, "at": time.perf_counter()}
+
+    def autovacuum(self) -> bool:
+        """Whether an autovacuum worker is working in the bench database now."""
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'autovacuum worker'"
+        return self.conn.execute(query, (self.database,)).fetchone()[0] > 0
+
+    def wal_bytes(self, before: dict, after: dict) -> int:
+        return self.conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (after["lsn"], before["lsn"])).fetchone()[0]
+
+    def per(self, before: dict, after: dict, n: float) -> dict:
+        """Commits, WAL bytes and statements (None without pg_stat_statements) between two readings, per ``n``."""
+        statements = None
+        if after["statements"] is not None:
+            statements = (after["statements"] - before["statements"]) / n
+        return {
+            "commits": (after["xacts"] - before["xacts"]) / n,
+            "wal": float(self.wal_bytes(before, after)) / n,
+            "statements": statements,
+        }
+
+
+def idle_cost(meter: PrimaryMeter, conninfo: str, workers: int, nats_url: str | None, seconds: float) -> dict:
+    """Transactions/s and WAL bytes/s the primary sees from one idle executor process (nothing due).
+
+    The executor runs with its own poll interval (1 s). The window opens 11 s after it is ready: a
+    session holds back statistics of transactions less than 1 s apart for up to 10 s idle, so its
+    start-up's would otherwise land in the window; its end is read after the process exited.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_executor_process, args=(conninfo, workers, nats_url, 0, ready, stop, 1.0), daemon=True)
+    proc.start()
+    if not ready.wait(60):
+        raise RuntimeError(f"idle executor {proc.pid} did not start")
+    time.sleep(11)
+    before = meter.read()
+    autovacuum = False  # its transactions and WAL would count too: said beside the figure
+    while time.perf_counter() - before["at"] < seconds:
+        autovacuum |= meter.autovacuum()
+        time.sleep(0.1)
+    stop.set()
+    elapsed = time.perf_counter() - before["at"]
+    proc.join(30)
+    if proc.is_alive():
+        proc.kill()
+    return {**meter.per(before, meter.settled(), elapsed), "autovacuum": autovacuum}
+
+
 # --- Procrastinate ------------------------------------------------------------------------
 
 
@@ -365,6 +479,9 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=5.0, help="window of the printed rates, s (default 5)")
     parser.add_argument("--backlog", type=int, default=130000, help="jobs queued before each run (default 130000)")
     parser.add_argument(
+        "--idle-seconds", type=float, default=15.0, help="each idle executor's window, s (0: not measured)"
+    )
+    parser.add_argument(
         "--sides",
         default="procrastinate,poll,nats",
         help="what runs: procrastinate, poll (the executor with the claim query), nats (through the stream)",
@@ -404,9 +521,11 @@ def main() -> None:
         print("  nats-server is not installed (make nats): the stream side is left out", flush=True)
         sides.remove("nats")
     results: dict[int, dict[str, dict]] = {}
+    idle: dict[str, dict] = {}
     common = {"seconds": args.seconds, "every": args.every, "backlog": args.backlog}
     try:
         conninfo = conninfo_from_django()
+        meter = PrimaryMeter(conninfo, db["NAME"])
         for processes in counts:
             print(f"  {processes} process(es) x {args.workers} workers, {args.seconds:g} s each:", flush=True)
             results[processes] = {}
@@ -425,7 +544,9 @@ def main() -> None:
                     continue
                 nats_url = nats.url if side == "nats" else None
                 load_hardcount(url, args.backlog, nats_url=nats_url)
-                results[processes][f"hardcount {side}"] = sustained(
+                meter.checkpoint()
+                before, load = meter.settled(), os.getloadavg()[0]
+                figures = sustained(
                     f"hardcount {side}",
                     _executor_process,
                     lambda i, nats_url=nats_url: (conninfo, args.workers, nats_url, i),
@@ -433,7 +554,26 @@ def main() -> None:
                     processes=processes,
                     **common,
                 )
+                after = meter.settled()
+                figures["load"] = f"{load:.1f} → {os.getloadavg()[0]:.1f}"
+                figures["delivered"] = hardcount_done()
+                figures["cost"] = meter.per(before, after, max(1, figures["delivered"]))
+                results[processes][f"hardcount {side}"] = figures
                 check_hardcount()
+        for side in ("poll", "nats") if args.idle_seconds > 0 else ():
+            if side not in sides:
+                continue
+            nats_url = nats.url if side == "nats" else None
+            load_hardcount(url, 0, nats_url=nats_url)  # nothing due, an empty stream
+            with connection.cursor() as cursor:
+                # Else autovacuum, after the runs' updates and the truncation, lands in the window. In this
+                # order: ANALYZE leaves dead rows in pg_statistic, VACUUM removes them.
+                cursor.execute("ANALYZE")
+                cursor.execute("VACUUM")
+            meter.settled()
+            load = os.getloadavg()[0]
+            idle[side] = idle_cost(meter, conninfo, args.workers, nats_url, args.idle_seconds)
+            idle[side]["load"] = f"{load:.1f} → {os.getloadavg()[0]:.1f}"
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
         receiver.terminate()
@@ -456,6 +596,30 @@ def main() -> None:
             f"  [{name} backlog ran out at {fig['ran_out']:.0f} s]" for name, fig in figures.items() if fig["ran_out"]
         )
         print(f"  {processes:9d} | " + " | ".join(cells) + " | " + ", ".join(ratios) + note)
+    if any(n.startswith("hardcount") for n in names):
+        print("the primary's cost per delivery, each side's run alone on the server:")
+        print("  processes | side | deliveries | commits | WAL bytes | statements | load average")
+    for processes, figures in results.items():
+        for n in ("hardcount poll", "hardcount nats"):
+            if n not in figures:
+                continue
+            fig, cost = figures[n], figures[n]["cost"]
+            statements = "—" if cost["statements"] is None else f"{cost['statements']:.2f}"
+            print(
+                f"  {processes:9d} | {n.split()[1]:<4} | {fig['delivered']:10d} | {cost['commits']:7.3f} | "
+                f"{cost['wal']:9.0f} | {statements:>10} | {fig['load']}"
+            )
+    if results and not meter.statements:
+        print("  (statements: pg_stat_statements is not in shared_preload_libraries, left out)")
+    if idle:
+        print(f"one idle executor process, nothing due, {args.idle_seconds:g} s (per second):")
+        print("  side | transactions | WAL bytes | statements | load average")
+        for side, cost in idle.items():
+            statements = "—" if cost["statements"] is None else f"{cost['statements']:.2f}"
+            note = "  [autovacuum ran in the window: counted too]" if cost["autovacuum"] else ""
+            print(
+                f"  {side:<4} | {cost['commits']:12.2f} | {cost['wal']:9.0f} | {statements:>10} | {cost['load']}{note}"
+            )
 
 
 if __name__ == "__main__":
