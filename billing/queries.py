@@ -550,9 +550,13 @@ _AGGREGATE = """
 """
 
 # The events of one wanted row ``w`` of meter ``m``: the usage index's range, one customer's events of one name.
+# ``c`` is the row's customer only when it is of the meter's tenant and mode (else NULL, which matches no event):
+# every event's tenant and mode are its customer's (the insert takes them from the customer it looked up under
+# them) and customer ids are unique across tenants, so this stands for the event's own tenant and mode, which the
+# narrower usage index no longer carries (decision 0222).
 _EVENTS_OF_W = """
     FROM billing_meterevent e
-    WHERE e.tenant_id = m.tenant_id AND e.livemode = m.livemode AND e.customer_id = w.customer_id
+    WHERE e.customer_id = c.id
       AND e.event_name = m.event_name AND e.timestamp >= w.start_at AND e.timestamp < w.end_at
 """
 
@@ -574,6 +578,7 @@ AGGREGATE_USAGE = f"""
         END
     FROM wanted w
     JOIN billing_meter m ON m.id = w.meter_id
+    LEFT JOIN billing_customer c ON c.id = w.customer_id AND c.tenant_id = m.tenant_id AND c.livemode = m.livemode
 """
 
 

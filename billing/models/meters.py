@@ -64,7 +64,7 @@ class MeterEvent(models.Model):
 
     pk = models.CompositePrimaryKey("timestamp", "id")
     id = models.CharField(max_length=40)
-    # No index of their own: the usage index below leads with the tenant and holds the customer.
+    # No index of their own: the usage index below leads with the customer, whose tenant and mode are the event's.
     tenant = models.ForeignKey("hardcount.Tenant", on_delete=models.PROTECT, related_name="+", db_index=False)
     livemode = models.BooleanField()
     event_name = models.CharField(max_length=100)
@@ -78,11 +78,12 @@ class MeterEvent(models.Model):
     class Meta:
         indexes = [
             # The aggregation and the summaries: one customer's events of one meter in a time range. ``value`` is
-            # carried in the index so a close's sum or max reads no table page (decision 0172).
+            # carried in the index so a close's sum or max reads no table page (decision 0172); no tenant or mode
+            # before the customer, whose own they are (half the size, a fifth faster: decisions 0218, 0222).
             models.Index(
-                fields=["tenant", "livemode", "customer", "event_name", "timestamp"],
+                fields=["customer", "event_name", "timestamp"],
                 include=["value"],
-                name="meter_event_usage_idx",
+                name="meter_event_customer_usage_idx",
             ),
         ]
 

@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, connections, transaction
 
+from billing import queries
 from billing.models import Invoice, MeterEvent, Price, Subscription, SubscriptionItem
 from billing.queries import aggregate_usage
 from billing.services import usage
 from billing.services.catalog import cancel_subscription, create_price, create_subscription
 from billing.services.close import close_subscription_period
 from billing.services.drain import drain_due
+from hardcount import tenancy
 from hardcount.times import database_now
 from tests.api.conftest import Api, make_keys
 from tests.billing.conftest import events
@@ -158,6 +160,54 @@ def test_each_formula_aggregates_only_the_events_of_the_period(book, settings):
     # No events at all: every formula gives 0.
     empty = aggregate_usage([(f, customer.id, m.id, end + DAY, end + 2 * DAY) for f, m in meters.items()])
     assert empty == dict.fromkeys(meters, 0)
+
+
+def test_a_customer_outside_the_meters_tenant_or_mode_aggregates_nothing_with_its_negative_control(
+    book, settings, monkeypatch
+):
+    """The usage index holds no tenant or mode (decision 0222): the customer's own tenant and mode stand for the
+    events'. A row pairing tenant B's customer with tenant A's meter, or with B's live meter, of the same event
+    name, counts none of that customer's events; with B's own test meter it counts them all."""
+    settings.HARDCOUNT_USAGE_GRACE_S = 40 * 86400
+    tenant_a, tenant_b = book.tenant(), book.tenant()
+    customer = book.customer(tenant_b)
+    now = database_now().replace(microsecond=0)
+    start, end = now - 10 * DAY, now - 2 * DAY
+    formulas = ("sum", "count", "max", "last")
+    own = {f: _meter(tenant_b, f, event_name=f"ev_{f}") for f in formulas}
+    foreign = {f: _meter(tenant_a, f, event_name=f"ev_{f}") for f in formulas}
+    live = {
+        f: usage.create_meter(tenant_id=tenant_b.id, livemode=True, display_name=f, event_name=f"ev_{f}", formula=f)
+        for f in formulas
+    }
+    batch = [_event(customer, v, start + i * DAY, name=f"ev_{f}") for f in formulas for i, v in enumerate((4, 9, 2))]
+    assert {r.status for r in _ingest(tenant_b, batch)} == {"accepted"}
+
+    def quantities():
+        rows = [(f"own_{f}", customer.id, own[f].id, start, end) for f in formulas]
+        rows += [(f"foreign_{f}", customer.id, foreign[f].id, start, end) for f in formulas]
+        rows += [(f"live_{f}", customer.id, live[f].id, start, end) for f in formulas]
+        return aggregate_usage(rows)
+
+    expected_own = {"own_sum": 15, "own_count": 3, "own_max": 9, "own_last": 2}
+    assert quantities() == {**expected_own, **{f"{k}_{f}": 0 for k in ("foreign", "live") for f in formulas}}
+    # Under row-level security (the console's reads): tenant B's role sees its customer's usage, tenant A's none.
+    own_rows = [(f"own_{f}", customer.id, own[f].id, start, end) for f in formulas]
+    for tenant, seen in ((tenant_b, expected_own), (tenant_a, {})):
+        tenancy.enter(tenant.id, False)
+        try:
+            assert tenancy.current_role() == tenancy.TENANT_ROLE
+            assert queries.usage_quantities(own_rows) == seen
+        finally:
+            tenancy.leave()
+
+    # Negative control: without the customer's tenant and mode checked against the meter's, the other tenant's
+    # meter and the live meter count the test-mode events of tenant B's customer.
+    unchecked = queries.AGGREGATE_USAGE.replace(" AND c.tenant_id = m.tenant_id AND c.livemode = m.livemode", "")
+    assert unchecked != queries.AGGREGATE_USAGE
+    monkeypatch.setattr(queries, "AGGREGATE_USAGE", unchecked)
+    leaked = quantities()
+    assert leaked["foreign_sum"] == 15 and leaked["live_sum"] == 15 and leaked["foreign_count"] == 3
 
 
 # -- ingestion: idempotency, validation, concurrency -----------------------------------------------------------
@@ -665,8 +715,6 @@ def test_a_cancel_at_period_end_bills_the_last_periods_usage_on_a_final_invoice(
 def test_reading_usage_waits_for_an_insert_in_flight(book, monkeypatch, barrier):
     """The close's barrier: an event accepted by an insert that has not committed yet is not missed; without
     the barrier (the negative control) the read returns at once and misses it."""
-    from billing import queries
-
     tenant = book.tenant()
     customer = book.customer(tenant)
     meter = _meter(tenant)
