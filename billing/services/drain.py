@@ -190,6 +190,10 @@ def drain_due(
                                 run_id=run.id,
                                 after=cursor,
                                 shard=shard,
+                                # Rows of the pages in flight are not marked yet, and one whose close has
+                                # already committed may be due again past the cursor: pass over them too,
+                                # so no run attempts a subscription twice (at most pages-in-flight pages).
+                                exclude=[item[0] for flying in in_flight for item in flying.items],
                             )
                     except DatabaseError as exc:
                         log.error("billing drain %s ended by a database error: %s", run.id, exc)

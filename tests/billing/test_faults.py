@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from billing.models import Invoice, PaymentAttempt, Subscription
+from billing.models import BillingAttempt, Invoice, PaymentAttempt, Subscription
 from billing.services import close as close_module
 from billing.services.drain import drain_due, reconcile
 from billing.services.invoices import pay_invoice
@@ -204,20 +204,29 @@ def test_jpy_amounts_are_sent_without_scaling(book, tenant, stripe_proxy, stripe
     assert (intent.amount, intent.currency, intent.status) == (1000, "jpy", "succeeded")
 
 
-def test_an_invoice_over_the_gateways_eight_digits_is_refused_there_and_waits_on_the_ladder(book, tenant, stripe_proxy):
-    # 2 × 99,999,999 = 199,999,998: Stripe refuses the PaymentIntent (400 amount_too_large); the drain goes on
-    # and the invoice waits open, its attempt an error, its subscription on the retry ladder.
+def test_an_invoice_over_the_gateways_eight_digits_is_held_before_the_gateway_and_the_drain_goes_on(
+    book, tenant, stripe_proxy
+):
+    # 2 × 99,999,999 = 199,999,998: no PaymentIntent can take it (Stripe refuses it, 400 amount_too_large, as the
+    # strict dev Stripe does: tests/test_strict_stripe.py). The close holds the draft for an operator instead of
+    # sending it to be refused on every rung of the ladder (docs/decisions/0217); the period advances.
     sub = book.subscribed(tenant, amount=99_999_999, quantity=2)
+    due_at = Subscription.objects.get(pk=sub.pk).next_billing_at
 
     run = drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
 
     invoice = Invoice.objects.get(subscription=sub)
-    (attempt,) = PaymentAttempt.objects.filter(invoice=invoice)
     sub.refresh_from_db()
-    assert (run.status, invoice.status, invoice.total) == ("completed", "open", 199_999_998)
-    assert (attempt.outcome, attempt.http_status) == ("error", 400)
-    assert "99,999,999" in attempt.error_message
-    assert sub.billing_failure_count == 1 and sub.next_billing_attempt_at is not None
+    assert (run.status, invoice.status, invoice.hold_reason, invoice.total) == (
+        "completed",
+        "draft",
+        "amount_too_large",
+        199_999_998,
+    )
+    assert not PaymentAttempt.objects.filter(invoice=invoice).exists()
+    assert _creates(stripe_proxy) == []  # nothing was sent to the gateway
+    assert BillingAttempt.objects.get(run=run, subscription=sub).outcome == "held"
+    assert sub.billing_failure_count == 0 and sub.next_billing_attempt_at is None and sub.next_billing_at > due_at
 
 
 @pytest.mark.parametrize(("card", "concurrency"), [(VISA, 1), (VISA, 4), (DECLINING_CARD, 1)])
