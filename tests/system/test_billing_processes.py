@@ -94,6 +94,10 @@ def test_a_leader_stopped_mid_drain_writes_nothing_after_resuming_while_the_succ
         HARDCOUNT_BILLING_INTERVAL_S="3600",
         HARDCOUNT_BILLING_PAGE_SIZE="5",
         HARDCOUNT_BILLING_CONCURRENCY="2",
+        # Two charges and one page in flight keep the drain going for seconds after the tenth payment (with the
+        # default 128 charges in flight the whole book was sometimes paid before the stop).
+        HARDCOUNT_BILLING_CHARGES_IN_FLIGHT="2",
+        HARDCOUNT_BILLING_PAGES_IN_FLIGHT="1",
     )
     leader = leader_of(processes)
     (follower,) = [p for p in processes if p is not leader]
