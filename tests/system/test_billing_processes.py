@@ -192,7 +192,12 @@ def test_a_leader_sigtermed_mid_drain_ends_its_run_abandoned_before_releasing_th
     subscriptions = make_subscriptions(make_card, 40)
     stripe_proxy.fail_next("delay", times=10_000, match="POST /v1/payment_intents", delay_s=0.1)
     (leader,) = billing_replicas(
-        1, HARDCOUNT_BILLING_INTERVAL_S="3600", HARDCOUNT_BILLING_PAGE_SIZE="5", HARDCOUNT_BILLING_CONCURRENCY="2"
+        1,
+        HARDCOUNT_BILLING_INTERVAL_S="3600",
+        HARDCOUNT_BILLING_PAGE_SIZE="5",
+        HARDCOUNT_BILLING_CONCURRENCY="2",
+        HARDCOUNT_BILLING_CHARGES_IN_FLIGHT="2",  # as above: still draining at the signal
+        HARDCOUNT_BILLING_PAGES_IN_FLIGHT="1",
     )
     assert wait_until(lambda: Invoice.objects.filter(status="paid").count() >= 5, timeout_s=30)
 
