@@ -246,18 +246,29 @@ def browser(monkeypatch):
             context.close()
 
 
-def test_in_a_browser_the_page_confirms_the_payment_with_stripe_js_and_a_revoked_url_is_404(
-    book, acme, settings, live_server, stub_stripe_js, browser, stripe_client
-):
+def _serve_pages(settings, live_server, stub_stripe_js) -> None:
+    """Hosted URLs point at the test's live server, and the page loads the offline Stripe.js stub."""
     settings.HARDCOUNT_PUBLIC_URL = live_server.url
     settings.HARDCOUNT_STRIPE_JS_URL = stub_stripe_js
     settings.STRIPE_PUBLISHABLE_KEY = "pk_test_hardcount"
+
+
+def _page_watching_csp(browser):
+    """A new browser page and the list its Content-Security-Policy violations are collected in."""
+    page = browser.new_page()
+    violations: list[str] = []
+    page.on("console", lambda message: violations.append(message.text) if "Content Security" in message.text else None)
+    return page, violations
+
+
+def test_in_a_browser_the_page_confirms_the_payment_with_stripe_js_and_a_revoked_url_is_404(
+    book, acme, settings, live_server, stub_stripe_js, browser, stripe_client
+):
+    _serve_pages(settings, live_server, stub_stripe_js)
     invoice = _billed(book, acme.tenant, card=AUTHENTICATION_CARD, amount=1999, currency="eur")
     secret = stripe_client.v1.payment_intents.retrieve(invoice.payment_intent_id).client_secret
     url = Api(acme.test).get(f"/v1/invoices/{invoice.id}")[1]["hosted_invoice_url"]
-    page = browser.new_page()
-    violations = []
-    page.on("console", lambda message: violations.append(message.text) if "Content Security" in message.text else None)
+    page, violations = _page_watching_csp(browser)
 
     response = page.goto(url)
 
@@ -286,15 +297,11 @@ def test_in_a_browser_the_page_confirms_the_payment_with_stripe_js_and_a_revoked
 def test_in_a_browser_a_paid_invoice_shows_paid_offers_no_payment_step_and_its_pdf_link_works(
     book, acme, settings, live_server, stub_stripe_js, browser
 ):
-    settings.HARDCOUNT_PUBLIC_URL = live_server.url
-    settings.HARDCOUNT_STRIPE_JS_URL = stub_stripe_js
-    settings.STRIPE_PUBLISHABLE_KEY = "pk_test_hardcount"
+    _serve_pages(settings, live_server, stub_stripe_js)
     invoice = _billed(book, acme.tenant, amount=1999, currency="usd")
     assert invoice.status == Invoice.PAID
     url = Api(acme.test).get(f"/v1/invoices/{invoice.id}")[1]["hosted_invoice_url"]
-    page = browser.new_page()
-    violations = []
-    page.on("console", lambda message: violations.append(message.text) if "Content Security" in message.text else None)
+    page, violations = _page_watching_csp(browser)
 
     response = page.goto(url)
 
