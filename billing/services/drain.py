@@ -286,9 +286,17 @@ def _start_run(
         fence.check()
         now = database_now()
         if trigger == BillingRun.Trigger.SCHEDULER:
-            BillingRun.objects.filter(
+            dead = BillingRun.objects.select_for_update().filter(
                 superseded, trigger=BillingRun.Trigger.SCHEDULER, livemode=livemode, status=BillingRun.Status.RUNNING
-            ).update(status=BillingRun.Status.ABANDONED, finished_at=now, error="superseded: its process stopped")
+            )
+            # A dead leader saved its counts only as each page ended: its record is completed from its attempts.
+            for dead_run in dead:
+                BillingRun.objects.filter(pk=dead_run.pk).update(
+                    status=BillingRun.Status.ABANDONED,
+                    finished_at=now,
+                    error="superseded: its process stopped",
+                    **_counts_of(dead_run),
+                )
         return BillingRun.objects.create(
             trigger=trigger,
             tenant_id=tenant_id,
@@ -299,6 +307,15 @@ def _start_run(
             lease_token=fence.token,
             lease_role=role,
         )
+
+
+def _counts_of(run: BillingRun) -> dict[str, int]:
+    """``attempted``, ``billed`` and ``failed`` of ``run``, counted from its billing attempts."""
+    return run.attempts.aggregate(
+        attempted=Count("id"),
+        billed=Count("id", filter=Q(outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
+        failed=Count("id", filter=Q(outcome=BillingAttempt.Outcome.FAILED)),
+    )
 
 
 def _carry_on(run: BillingRun, *, fence: Fence) -> bool:
@@ -312,11 +329,7 @@ def _carry_on(run: BillingRun, *, fence: Fence) -> bool:
         current = BillingRun.objects.select_for_update().filter(pk=run.pk, status=BillingRun.Status.RUNNING).first()
         if current is None:
             return False
-        counts = current.attempts.aggregate(
-            attempted=Count("id"),
-            billed=Count("id", filter=Q(outcome__in=BillingAttempt.COUNTED_AS_BILLED)),
-            failed=Count("id", filter=Q(outcome=BillingAttempt.Outcome.FAILED)),
-        )
+        counts = _counts_of(current)
         run.attempted, run.billed, run.failed = counts["attempted"], counts["billed"], counts["failed"]
         run.pages, run.lease_token = current.pages, fence.token
         BillingRun.objects.filter(pk=run.pk).update(

@@ -357,6 +357,19 @@ def test_a_deposed_drain_writes_nothing_after_the_charge_and_the_successor_resol
     assert BillingRun.objects.exclude(pk=successor.pk).get().status == "abandoned"
 
 
+def test_a_superseded_run_is_ended_with_the_counts_of_its_billing_attempts(book, tenant):
+    for _ in range(3):
+        book.subscribed(tenant)
+    first = drain_due(livemode=False, trigger="scheduler", concurrency=1)
+    # As a leader killed before its page ended leaves it: still running, its counts never saved.
+    BillingRun.objects.filter(pk=first.pk).update(status="running", finished_at=None, attempted=0, billed=0, failed=0)
+
+    drain_due(livemode=False, trigger="scheduler", concurrency=1)
+
+    dead = BillingRun.objects.get(pk=first.pk)
+    assert (dead.status, dead.attempted, dead.billed, dead.failed) == ("abandoned", 3, 3, 0)
+
+
 def test_a_subscription_several_periods_behind_is_billed_one_period_per_run(book, tenant):
     anchor = database_now() - timedelta(days=2, hours=1)  # periods 0, 1 and 2 have begun
     sub = book.subscribed(tenant, interval="day", anchor=anchor)
