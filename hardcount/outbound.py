@@ -11,11 +11,11 @@ and whatever its name resolves to. Design record: docs/decisions/0123-outbound-r
   IPv4-compatible, 6to4, NAT64); Teredo is refused outright.
 - :func:`registration_refusal`: the check made when a URL is registered. Names are not
   resolved there; literal non-public IPs and obviously local names are refused.
-- :func:`async_client`: an ``httpx.AsyncClient`` whose transport resolves the host itself,
-  refuses the connection **at connect time** when any address is not public, and connects to
-  the address it checked (no second resolution). TLS still verifies the certificate against,
-  and sends SNI and ``Host`` for, the URL's own host name. Redirects are never followed and
-  the environment's proxy settings are ignored.
+- :class:`OutboundClient`: an aiohttp session whose resolver resolves the host itself,
+  refuses the connection **at connect time** when any address is not public, and hands the
+  connector only the addresses it checked (no second resolution). TLS still verifies the
+  certificate against, and sends SNI and ``Host`` for, the URL's own host name. Redirects are
+  never followed, the environment's proxy settings are ignored, cookies are never kept.
 - The operator's allowlist, setting ``HARDCOUNT_OUTBOUND_ALLOW`` (environment variable of the
   same name, comma-separated ``host:port``; empty by default, as in production), names the
   local receivers that may be reached anyway (``make run``'s receiver, the tests' own).
@@ -29,15 +29,16 @@ import asyncio
 import functools
 import ipaddress
 import socket
-import ssl
+import ssl as ssl_module
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpcore
-import httpx
+import aiohttp
+from aiohttp.abc import AbstractResolver
 from django.conf import settings
+from yarl import URL
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -96,11 +97,12 @@ LOCAL_NAMES = frozenset(
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-class OutboundRefused(httpcore.ConnectError):
+class OutboundRefused(OSError):
     """The policy refused to connect: the target is not public and not allowlisted.
 
-    Raised by the transport at connect time; httpx re-raises it as an ``httpx.ConnectError``
-    whose ``__cause__`` is this exception (see :func:`failure_class`).
+    Raised by :func:`checked_addresses` at connect time; aiohttp wraps it (an ``OSError`` of
+    its resolver) in a ``ClientConnectorError`` whose ``__cause__`` is this exception, and
+    :class:`OutboundClient` reports it as an :class:`OutboundFailure` (see :func:`failure_class`).
     """
 
 
@@ -256,69 +258,28 @@ async def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-class PolicyNetworkBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend with the policy in ``connect_tcp``.
+async def checked_addresses(host: str, port: int, resolver: Resolver | None = None) -> list[str]:
+    """The addresses to connect to for ``host:port``, each public or allowlisted.
 
-    Resolves the host once (``resolver``, default :func:`resolve`), refuses with
-    :class:`OutboundRefused` when any address is neither public nor allowlisted, then
-    connects to the checked addresses in order through ``inner`` (httpcore's AnyIO backend).
-    The connect ``timeout`` covers resolution and connection together. asyncio only.
+    A literal IP is its own address; a name is resolved once by ``resolver`` (default
+    :func:`resolve`). Raises :class:`OutboundRefused` when any address is neither public nor
+    allowlisted (one bad address refuses the name: a resolver may answer in any order), and
+    ``OSError`` when the name does not resolve.
     """
-
-    def __init__(self, *, resolver: Resolver | None = None, inner: httpcore.AsyncNetworkBackend | None = None):
-        self._resolver = resolver
-        self._inner = inner or httpcore.AnyIOBackend()
-
-    async def checked_addresses(self, host: str, port: int) -> list[str]:
-        """The addresses to connect to for ``host:port``; raises :class:`OutboundRefused` or ``OSError``."""
-        ip = literal_address(host)
-        if ip is not None:
-            addresses = [str(ip)]
-        else:
-            addresses = await (self._resolver or resolve)(host, port)
-        if not addresses:
-            raise OSError(f"{host} has no address")
-        rules = allowlist()
-        if rules.allows(host, port):
-            return addresses
-        for address in addresses:
-            if not (_is_public(address) or rules.allows(host, port, address)):
-                raise OutboundRefused(REFUSED_BY_POLICY)
+    ip = literal_address(host)
+    if ip is not None:
+        addresses = [str(ip)]
+    else:
+        addresses = await (resolver or resolve)(host, port)
+    if not addresses:
+        raise OSError(f"{host} has no address")
+    rules = allowlist()
+    if rules.allows(host, port):
         return addresses
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        """Resolve, check and connect (see the class); raises ``httpcore.ConnectError``/``ConnectTimeout``."""
-        try:
-            async with asyncio.timeout(timeout):
-                try:
-                    addresses = await self.checked_addresses(host, port)
-                except OSError as exc:
-                    raise httpcore.ConnectError(CONNECTION_FAILED) from exc
-                failure: httpcore.ConnectError | None = None
-                for address in addresses:
-                    try:
-                        return await self._inner.connect_tcp(
-                            address, port, local_address=local_address, socket_options=socket_options
-                        )
-                    except httpcore.ConnectError as exc:
-                        failure = exc
-                raise failure or httpcore.ConnectError(CONNECTION_FAILED)
-        except TimeoutError:
-            raise httpcore.ConnectTimeout(TIMEOUT) from None
-
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):  # pragma: no cover
-        """Refused: a tenant's request never goes to a local socket."""
-        raise OutboundRefused(REFUSED_BY_POLICY)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+    for address in addresses:
+        if not (_is_public(address) or rules.allows(host, port, address)):
+            raise OutboundRefused(REFUSED_BY_POLICY)
+    return addresses
 
 
 def _is_public(address: str) -> bool:
@@ -328,63 +289,157 @@ def _is_public(address: str) -> bool:
         return False
 
 
-class PolicyTransport(httpx.AsyncHTTPTransport):
-    """httpx's HTTP/1.1 transport over a :class:`PolicyNetworkBackend` (no proxy, no HTTP/2).
+class PolicyResolver(AbstractResolver):
+    """aiohttp's resolver with the policy: the names it returns were checked by :func:`checked_addresses`.
 
-    httpx's own request handling and exception mapping are kept; only its connection pool
-    is built here, so the pool gets the policy's network backend.
+    The connector connects to exactly the addresses returned (no second lookup), and keeps the
+    URL's own name for TLS (certificate check and SNI) and ``Host``. aiohttp never asks a
+    resolver about a literal IP: :meth:`OutboundClient.post` checks those itself.
+    """
+
+    def __init__(self, resolver: Resolver | None = None):
+        self._resolver = resolver
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list:
+        """aiohttp's ``ResolveResult`` dicts for ``host:port``; raises :class:`OutboundRefused` or ``OSError``."""
+        addresses = await checked_addresses(host, port, self._resolver)
+        return [
+            {
+                "hostname": host,
+                "host": address,
+                "port": port,
+                "family": socket.AF_INET6 if ":" in address else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a target answered: ``status`` (HTTP code), ``headers`` (case-insensitive), the body's first bytes."""
+
+    status: int
+    headers: Mapping[str, str]
+    excerpt: bytes
+
+
+class OutboundFailure(Exception):
+    """A request of :class:`OutboundClient` that got no answer.
+
+    ``kind`` is :data:`REFUSED_BY_POLICY`, :data:`TIMEOUT` or :data:`CONNECTION_FAILED` (what an
+    attempt records, see :func:`failure_class`); ``connecting`` is True when the connect timeout
+    (resolution and connection together) ran out, so the caller can name the bound that did. The
+    underlying exception is the ``__cause__``, for our logs only.
+    """
+
+    def __init__(self, kind: str, *, connecting: bool = False):
+        super().__init__(kind)
+        self.kind = kind
+        self.connecting = connecting
+
+
+class OutboundClient:
+    """The client for every request made on a tenant's behalf (aiohttp); use it as ``async with``.
+
+    ``timeout_s`` bounds a whole request, ``connect_timeout_s`` resolution and connection
+    together; at most ``max_connections`` are open, each idle one closed after ``keepalive_s``.
+    ``ssl`` is for tests with a certificate of their own; ``resolver`` (``async (host, port) ->
+    [address, ...]``) replaces DNS in tests. Targets are checked at connect time
+    (:class:`PolicyResolver`, literal IPs in :meth:`post`); redirects are never followed (a 3xx
+    is the answer); proxy variables are ignored; cookies are neither kept nor sent, so one
+    receiver's cookie never reaches another; the body is read as sent (no decompression).
+    Why aiohttp: docs/decisions/0226-executor-client-aiohttp.md.
     """
 
     def __init__(
         self,
         *,
-        verify: ssl.SSLContext | bool = True,
-        limits: httpx.Limits | None = None,
+        timeout_s: float,
+        connect_timeout_s: float,
+        max_connections: int = 100,
+        keepalive_s: float = 5.0,
+        ssl: ssl_module.SSLContext | bool = True,
         resolver: Resolver | None = None,
     ):
-        limits = limits or httpx.Limits()
-        ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False)
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=True,
-            http2=False,
-            network_backend=PolicyNetworkBackend(resolver=resolver),
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._connector_args = {
+            "limit": max_connections,
+            "limit_per_host": 0,
+            "keepalive_timeout": keepalive_s,
+            "use_dns_cache": False,  # every new connection is resolved and checked afresh
+            "resolver": PolicyResolver(resolver),
+            "ssl": ssl,
+        }
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> OutboundClient:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(**self._connector_args),
+            timeout=self._timeout,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
         )
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *, max_bytes: int = 65536) -> Answer:
+        """POST ``body`` to ``url`` with exactly ``headers``; the answer with at most ``max_bytes`` of its body.
+
+        Raises :class:`OutboundFailure` when there is no answer (refused by the policy, timed
+        out, or any network, TLS or protocol failure), and ``ValueError`` for a URL that is not
+        an absolute http(s) URL.
+        """
+        target = _parsed_url(url)
+        if target.host is None or target.scheme not in DEFAULT_PORTS:
+            raise ValueError(f"not an absolute http(s) URL: {url!r}")
+        if literal_address(target.host) is not None:
+            try:
+                await checked_addresses(target.host, target.port or DEFAULT_PORTS[target.scheme])
+            except OutboundRefused as exc:
+                raise OutboundFailure(REFUSED_BY_POLICY) from exc
+        assert self._session is not None, "use OutboundClient as `async with`"
+        try:
+            async with self._session.post(target, data=body, headers=headers, allow_redirects=False) as response:
+                excerpt = bytearray()
+                while len(excerpt) < max_bytes:
+                    chunk = await response.content.read(max_bytes - len(excerpt))
+                    if not chunk:
+                        break
+                    excerpt += chunk
+                return Answer(response.status, response.headers, bytes(excerpt))
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise OutboundFailure(
+                failure_class(exc), connecting=isinstance(exc, aiohttp.ConnectionTimeoutError)
+            ) from exc
 
 
-def async_client(
-    *,
-    timeout: httpx.Timeout,
-    limits: httpx.Limits | None = None,
-    verify: ssl.SSLContext | bool = True,
-    resolver: Resolver | None = None,
-) -> httpx.AsyncClient:
-    """The client for every request made on a tenant's behalf; use it as ``async with``.
-
-    ``timeout`` and ``limits`` are httpx's; ``verify`` is for tests with a certificate of
-    their own; ``resolver`` (``async (host, port) -> [address, ...]``) replaces DNS in tests.
-    Redirects are not followed (a 3xx is the answer) and proxy variables are ignored.
-    """
-    return httpx.AsyncClient(
-        transport=PolicyTransport(verify=verify, limits=limits, resolver=resolver),
-        timeout=timeout,
-        follow_redirects=False,
-        trust_env=False,
-    )
+@functools.lru_cache(maxsize=4096)
+def _parsed_url(url: str) -> URL:
+    """``url`` parsed once per URL (yarl's URL is immutable); raises ``ValueError`` when it is not one."""
+    return URL(url)
 
 
 def failure_class(exc: BaseException) -> str:
-    """What to record for a request of :func:`async_client` that raised ``exc``.
+    """What to record for a request that raised ``exc`` and got no answer.
 
     :data:`REFUSED_BY_POLICY` when the policy refused the target, :data:`TIMEOUT` for a
     timeout, :data:`CONNECTION_FAILED` for anything else (resolution, refused or reset
     connections, TLS, protocol errors): the detail stays in our logs, never in what the
     tenant reads, so a delivery cannot tell open, closed and TLS ports apart.
     """
+    if isinstance(exc, OutboundFailure):
+        return exc.kind
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -392,7 +447,7 @@ def failure_class(exc: BaseException) -> str:
         if isinstance(current, OutboundRefused):
             return REFUSED_BY_POLICY
         current = current.__cause__ or current.__context__
-    if isinstance(exc, httpx.TimeoutException | httpcore.TimeoutException | TimeoutError):
+    if isinstance(exc, TimeoutError):
         return TIMEOUT
     return CONNECTION_FAILED
 
@@ -404,10 +459,12 @@ __all__ = [
     "REFUSED_BY_POLICY",
     "TIMEOUT",
     "Allowlist",
+    "Answer",
+    "OutboundClient",
+    "OutboundFailure",
     "OutboundRefused",
-    "PolicyNetworkBackend",
-    "PolicyTransport",
-    "async_client",
+    "PolicyResolver",
+    "checked_addresses",
     "failure_class",
     "is_local_name",
     "is_public_address",

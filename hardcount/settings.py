@@ -429,6 +429,11 @@ HARDCOUNT_OUTBOX_WORKERS = _env_int("HARDCOUNT_OUTBOX_WORKERS", 8)
 HARDCOUNT_DELIVERY_TIMEOUT_S = _env_float("HARDCOUNT_DELIVERY_TIMEOUT_S", 10.0)
 HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S = _env_float("HARDCOUNT_DELIVERY_CONNECT_TIMEOUT_S", 5.0)
 HARDCOUNT_OUTBOX_POLL_S = _env_float("HARDCOUNT_OUTBOX_POLL_S", 1.0)
+# Whether the executor's own writes (claims, outcomes, attempt rows, the reaper's) wait for the WAL flush at
+# commit. Off by default: a server crash can then lose the last moments of that bookkeeping, and the deliveries
+# it covered are sent again, which at-least-once delivery allows; every other write of the service stays
+# synchronous (docs/decisions/0226). Not applied through a transaction pooler (no session settings there).
+HARDCOUNT_DELIVERY_SYNCHRONOUS_COMMIT = _env_bool("HARDCOUNT_DELIVERY_SYNCHRONOUS_COMMIT", False)
 HARDCOUNT_OUTBOX_BREAKER_THRESHOLD = _env_int("HARDCOUNT_OUTBOX_BREAKER_THRESHOLD", 5)
 HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S = _env_float("HARDCOUNT_OUTBOX_BREAKER_COOLDOWN_S", 60.0)
 HARDCOUNT_OUTBOX_RETENTION_DAYS = _env_int("HARDCOUNT_OUTBOX_RETENTION_DAYS", 30)

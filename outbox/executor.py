@@ -8,7 +8,7 @@ Shape: one thread runs an asyncio loop with
   worker frees up, an ``outbox_delivery`` notification arrives (inserts notify at commit) or
   the poll interval passes;
 - **workers** (at most ``workers`` at a time), each sending one signed request with the
-  outbound policy's httpx client (:func:`hardcount.outbound.async_client`: public targets
+  outbound policy's client (:class:`hardcount.outbound.OutboundClient`, aiohttp: public targets
   only, checked at connect time; one client per executor, its connections kept alive and
   pooled) under a total timeout, then handing the outcome to the writer; a worker is busy
   until its outcome is written;
@@ -34,7 +34,8 @@ spent at the claim and clamped to 1..8 (see :mod:`outbox.queries`), one
 ``DeliveryAttempt`` row each. Retry policy: :func:`classify` and :func:`retry_delay_s`;
 the per-endpoint circuit breaker is in the SQL of :mod:`outbox.queries` and in
 :meth:`Executor._handle`. Design records: ``docs/decisions/0030-webhook-delivery-executor.md``,
-``docs/decisions/0190-executor-batches-and-httpx-kept.md`` (the batches and the client).
+``docs/decisions/0190-executor-batches-and-httpx-kept.md`` (the batches),
+``docs/decisions/0226-executor-client-aiohttp.md`` (the client).
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-import httpx
 import psycopg
 from django.conf import settings
 from django.db import connections
@@ -88,7 +88,7 @@ LOCAL_LEASE_SHARE = 0.75
 SUCCEEDED, FAILED, RETRYABLE, LEASE_LOST, CANCELED = "succeeded", "failed", "retryable", "lease_lost", "canceled"
 # Most outcomes one statement of the writer records; more wait for the next.
 WRITE_BATCH = 500
-# An idle kept-alive connection to a receiver is closed after this long, s (httpx's keepalive_expiry).
+# An idle kept-alive connection to a receiver is closed after this long, s.
 KEEPALIVE_EXPIRY_S = 5.0
 
 
@@ -181,6 +181,10 @@ class ExecutorConfig:
     # Connections go through a transaction-pooling PgBouncer (HARDCOUNT_DB_TRANSACTION_POOLING): no LISTEN
     # (a notification goes to whichever server connection listened, not to us) and no session settings.
     pooled: bool = False
+    # False: the executor's sessions commit without waiting for the WAL flush (synchronous_commit = off), so
+    # a server crash may lose its latest claims and outcomes and those deliveries go out again; not applied
+    # when pooled (docs/decisions/0226).
+    synchronous_commit: bool = False
     # "poll": claim due rows with the claim query; "nats": take ids from the stream (outbox.stream), and
     # every sweep_interval_s claim rows due for over sweep_age_s that no message brought (None: no
     # sweep, the negative control of the tests). While the stream is unreachable, poll.
@@ -225,6 +229,7 @@ class ExecutorConfig:
             shutdown_grace_s=getattr(settings, "HARDCOUNT_OUTBOX_SHUTDOWN_GRACE_S", None),
             listen=not getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False),
             pooled=bool(getattr(settings, "HARDCOUNT_DB_TRANSACTION_POOLING", False)),
+            synchronous_commit=bool(getattr(settings, "HARDCOUNT_DELIVERY_SYNCHRONOUS_COMMIT", False)),
             dispatch=getattr(settings, "HARDCOUNT_DELIVERY_DISPATCH", "poll"),
             sweep_interval_s=float(getattr(settings, "HARDCOUNT_DELIVERY_SWEEP_S", 5.0)),
             sweep_age_s=float(getattr(settings, "HARDCOUNT_DELIVERY_SWEEP_AGE_S", 5.0)),
@@ -441,7 +446,11 @@ class Executor:
             # prepare_threshold None: never a server-side prepared statement (a pooler's next transaction
             # may land on a server connection that does not have it).
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": None},
-            configure=_configure_pooled_connection if cfg.pooled else _configure_connection,
+            configure=(
+                _configure_pooled_connection
+                if cfg.pooled
+                else functools.partial(_configure_connection, synchronous_commit=cfg.synchronous_commit)
+            ),
             name=f"outbox-{self.executor_id}",
         )
         try:
@@ -454,14 +463,13 @@ class Executor:
         self._pool = pool
         # The outbound policy's client: targets are checked at connect time, redirects never followed.
         # One for the loop, so connections stay alive between deliveries; at most one per worker.
-        timeout = httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s)
-        limits = httpx.Limits(
-            max_connections=cfg.workers, max_keepalive_connections=cfg.workers, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        client = outbound.OutboundClient(
+            timeout_s=cfg.timeout_s,
+            connect_timeout_s=cfg.connect_timeout_s,
+            max_connections=cfg.workers,
+            keepalive_s=KEEPALIVE_EXPIRY_S,
         )
-        # Requests are built here, not by the client's build_request: the client adds nothing we
-        # need (no cookies, auth or default headers), so each request carries these extensions itself.
-        self._request_extensions = {"timeout": timeout.as_dict()}
-        async with outbound.async_client(timeout=timeout, limits=limits) as client:
+        async with client:
             self._client = client
             helpers = [
                 asyncio.create_task(self._renew_loop()),
@@ -770,25 +778,14 @@ class Executor:
         timeout_s = self.config.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                request = httpx.Request(
-                    "POST", _url(c.url), content=body, headers=headers, extensions=self._request_extensions
-                )
-                response = await self._client.send(request, stream=True)
-                try:
-                    excerpt = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        excerpt += chunk
-                        if len(excerpt) >= EXCERPT_BYTES:
-                            break
-                finally:
-                    await response.aclose()
+                answer = await self._client.post(c.url, body, headers, max_bytes=EXCERPT_BYTES)
         except TimeoutError:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=f"timed out after {timeout_s:g} s")
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        except (outbound.OutboundFailure, ValueError) as exc:
             return _Result(RETRYABLE, latency_ms=_ms_since(started), error=_transport_error(exc, self.config))
-        status_code = response.status_code
-        retry_after = _parse_retry_after(response.headers.get("retry-after"))
-        text = bytes(excerpt[:EXCERPT_BYTES]).decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+        status_code = answer.status
+        retry_after = _parse_retry_after(answer.headers.get("retry-after"))
+        text = answer.excerpt[:EXCERPT_BYTES].decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         outcome = classify(status_code)
         return _Result(
             outcome,
@@ -1136,9 +1133,12 @@ async def reap_expired_claims_async(conn: psycopg.AsyncConnection, reaper_id: st
     return len(rows)
 
 
-async def _configure_connection(conn: psycopg.AsyncConnection) -> None:
+async def _configure_connection(conn: psycopg.AsyncConnection, *, synchronous_commit: bool = True) -> None:
     # UTC sessions; statements bounded so a stuck query cannot hold a worker forever.
     await conn.execute("SET TIME ZONE 'UTC'")
+    if not synchronous_commit:
+        # Our bookkeeping only: a lost tail of it after a server crash means deliveries sent again (at least once).
+        await conn.execute("SET synchronous_commit = off")
     await conn.execute("SET statement_timeout = '15s'")
     await conn.execute("SET idle_in_transaction_session_timeout = '15s'")
 
@@ -1155,17 +1155,12 @@ def _transport_error(exc: Exception, cfg: ExecutorConfig) -> str:
     The socket or TLS detail would tell a tenant which ports are open; it goes to our log only.
     """
     kind = outbound.failure_class(exc)
-    log.info("outbox request failed: %s (%s: %s)", kind, type(exc).__name__, exc)
+    detail = exc.__cause__ or exc
+    log.info("outbox request failed: %s (%s: %s)", kind, type(detail).__name__, detail)
     if kind == outbound.TIMEOUT:
-        bound_s = cfg.connect_timeout_s if isinstance(exc, httpx.ConnectTimeout) else cfg.timeout_s
+        bound_s = cfg.connect_timeout_s if getattr(exc, "connecting", False) else cfg.timeout_s
         return f"timed out after {bound_s:g} s"
     return kind
-
-
-@functools.lru_cache(maxsize=4096)
-def _url(url: str) -> httpx.URL:
-    """``url`` parsed once per endpoint URL (httpx's URL is immutable); raises ``httpx.InvalidURL``."""
-    return httpx.URL(url)
 
 
 def _ms_since(started: float) -> int:

@@ -399,3 +399,33 @@ def test_answer_arriving_after_the_claim_was_taken_over_is_discarded(tenant_t, r
     # checks at the end see a consistent queue.
     executor.stop()
     Delivery.objects.filter(id=d.id).update(claimed_by=None, claim_expires_at=None, attempts=0)
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(None, "off"), (False, "off"), (True, "on")])
+def test_the_executors_sessions_commit_without_waiting_for_the_flush_unless_configured(
+    transactional_db, settings, configured, expected
+):
+    import asyncio
+    import functools
+
+    import psycopg
+
+    from outbox import executor as executor_module
+
+    if configured is not None:
+        settings.HARDCOUNT_DELIVERY_SYNCHRONOUS_COMMIT = configured
+    else:
+        del settings.HARDCOUNT_DELIVERY_SYNCHRONOUS_COMMIT  # the default
+    config = executor_module.ExecutorConfig.from_settings()
+
+    async def session_setting() -> str:
+        async with await psycopg.AsyncConnection.connect(
+            executor_module.conninfo_from_django(), autocommit=True
+        ) as conn:
+            configure = functools.partial(
+                executor_module._configure_connection, synchronous_commit=config.synchronous_commit
+            )
+            await configure(conn)
+            return (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+
+    assert asyncio.run(session_setting()) == expected

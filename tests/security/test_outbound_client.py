@@ -1,6 +1,6 @@
 """The outbound client against the tests' own servers: refused at connect time, or reached as the policy says.
 
-Each request is one ``asyncio.run`` of :func:`hardcount.outbound.async_client`, the client the
+Each request is one ``asyncio.run`` of :class:`hardcount.outbound.OutboundClient`, the client the
 webhook executor uses. Names are answered by the stub resolver; nothing leaves the machine.
 """
 
@@ -9,24 +9,22 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from hardcount import outbound
 
 from .conftest import PUBLIC_LOOKING
 
-TIMEOUT = httpx.Timeout(3.0, connect=2.0)
 
-
-def post(url: str, **client_kwargs) -> httpx.Response | BaseException:
-    """POST ``url`` once; returns the response, or the exception the client raised."""
+def post(url: str, *, timeout_s: float = 3.0, connect_timeout_s: float = 2.0, **client_kwargs):
+    """POST ``url`` once; returns the :class:`~hardcount.outbound.Answer`, or the failure the client raised."""
 
     async def run():
-        async with outbound.async_client(timeout=TIMEOUT, **client_kwargs) as client:
+        client = outbound.OutboundClient(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s, **client_kwargs)
+        async with client:
             try:
-                return await client.post(url, content=b"{}")
-            except httpx.HTTPError as exc:
+                return await client.post(url, b"{}", {"Content-Type": "application/json"})
+            except outbound.OutboundFailure as exc:
                 return exc
 
     return asyncio.run(run())
@@ -35,8 +33,15 @@ def post(url: str, **client_kwargs) -> httpx.Response | BaseException:
 @pytest.mark.parametrize("host", ["127.0.0.1", "[::1]", "0.0.0.0", "[::ffff:127.0.0.1]", "127.1.2.3"])
 def test_literal_local_addresses_are_refused_without_connecting(internal_service, host):
     result = post(internal_service.url("/admin/", host=host))
-    assert isinstance(result, httpx.ConnectError)
+    assert isinstance(result, outbound.OutboundFailure)
     assert outbound.failure_class(result) == outbound.REFUSED_BY_POLICY
+    assert internal_service.connections == []
+
+
+@pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f.0.0.1", "017700000001"])
+def test_legacy_numeric_spellings_of_loopback_never_connect(internal_service, host):
+    result = post(internal_service.url("/admin/", host=host))
+    assert isinstance(result, outbound.OutboundFailure), result
     assert internal_service.connections == []
 
 
@@ -62,7 +67,7 @@ def test_an_allowlisted_address_is_reached_once_resolved_with_the_original_host_
     allow(f"127.0.0.1:{internal_service.port}")
     dns = stub_dns({PUBLIC_LOOKING: ["127.0.0.1"]})
     response = post(internal_service.url("/hook", host=PUBLIC_LOOKING))
-    assert isinstance(response, httpx.Response) and response.status_code == 200
+    assert isinstance(response, outbound.Answer) and response.status == 200
     assert internal_service.requests == [
         {"path": "/hook", "host": f"{PUBLIC_LOOKING}:{internal_service.port}", "method": "POST"}
     ]
@@ -72,13 +77,13 @@ def test_an_allowlisted_address_is_reached_once_resolved_with_the_original_host_
 def test_https_keeps_sni_certificate_check_and_host_on_the_name(tls_target, certificate, stub_dns, allow):
     allow(f"127.0.0.1:{tls_target.port}")
     dns = stub_dns({PUBLIC_LOOKING: ["127.0.0.1"]})
-    response = post(tls_target.url("/hook", host=PUBLIC_LOOKING, scheme="https"), verify=certificate.client_context())
-    assert isinstance(response, httpx.Response) and response.status_code == 200, response
+    response = post(tls_target.url("/hook", host=PUBLIC_LOOKING, scheme="https"), ssl=certificate.client_context())
+    assert isinstance(response, outbound.Answer) and response.status == 200, response
     assert tls_target.sni == [PUBLIC_LOOKING]
     assert tls_target.requests[0]["host"] == f"{PUBLIC_LOOKING}:{tls_target.port}"
     assert dns.asked == [(PUBLIC_LOOKING, tls_target.port)]
     # The certificate is checked against the URL's name: by IP, the same server fails verification.
-    result = post(tls_target.url("/hook", scheme="https"), verify=certificate.client_context())
+    result = post(tls_target.url("/hook", scheme="https"), ssl=certificate.client_context())
     assert outbound.failure_class(result) == outbound.CONNECTION_FAILED
 
 
@@ -87,7 +92,7 @@ def test_redirects_are_not_followed(internal_service, http_target_factory, allow
     allow(f"127.0.0.1:{redirector.port}")
     allow(f"127.0.0.1:{internal_service.port}")  # even to a target the policy would let through
     response = post(redirector.url())
-    assert isinstance(response, httpx.Response) and response.status_code == 302
+    assert isinstance(response, outbound.Answer) and response.status == 302
     assert internal_service.connections == []
 
 
@@ -97,7 +102,7 @@ def test_proxy_variables_are_ignored(internal_service, http_target_factory, allo
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.setenv(name, internal_service.url())
     response = post(target.url("/direct"))
-    assert isinstance(response, httpx.Response) and response.status_code == 200
+    assert isinstance(response, outbound.Answer) and response.status == 200
     assert [r["path"] for r in target.requests] == ["/direct"]
     assert internal_service.connections == []
 
@@ -117,13 +122,6 @@ def test_the_connect_timeout_covers_a_hanging_lookup(internal_service, stub_dns,
     monkeypatch.setattr(outbound, "resolve", hang)
     started = time.monotonic()
 
-    async def run():
-        async with outbound.async_client(timeout=httpx.Timeout(5.0, connect=0.3)) as client:
-            try:
-                await client.post(internal_service.url(host=PUBLIC_LOOKING), content=b"{}")
-            except httpx.HTTPError as exc:
-                return exc
-
-    result = asyncio.run(run())
-    assert outbound.failure_class(result) == outbound.TIMEOUT
+    result = post(internal_service.url(host=PUBLIC_LOOKING), timeout_s=5.0, connect_timeout_s=0.3)
+    assert outbound.failure_class(result) == outbound.TIMEOUT and result.connecting
     assert time.monotonic() - started < 3
