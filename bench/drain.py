@@ -5,6 +5,8 @@
     .venv/bin/python bench/drain.py --modes a --concurrency 8 --profile a:8           # where the time goes
     .venv/bin/python bench/drain.py --subscriptions 200000 --tenants 1000 --modes ad --concurrency 8 \
         --no-sql-limit --claims 0 --rss 20000 200000                                  # the large book
+    .venv/bin/python bench/drain.py --shards 1 2 --subscriptions 200000 --shard-tenants 1000 \
+        --shard-latency-ms 300 --concurrency 8                # the large book, one shard and two
 
 Each figure bills a fresh copy of the same book: ``seed_demo`` (devstack/seed.py) with
 ``--subscriptions`` subscriptions and ``--seed``, seeded once into a template database on the
@@ -39,9 +41,9 @@ printed as a ratio to the 4-connection limit, and the run ends with the targets 
 ``--shards 1 2`` measures billing shards instead (docs/decisions/0194-billing-shards.md): a book of
 ``--subscriptions`` spread over ``--shard-tenants`` tenants, half of them in each of two shards, billed
 by one process per shard (forked, each one scheduler drain of its shard, ``drain_due(shard=…)``, under
-gateway (a) at ``--concurrency``'s first value), for each count given; the wall time is the slowest
-process's. Each figure is printed beside the first count's (the peer: ``--shards 1 2`` compares one
-process with two on the same book).
+gateway (a) at ``--concurrency``'s first value, or (d) with ``--shard-latency-ms``), for each count given;
+the wall time is the slowest process's, the peak RSS the largest process's. Each figure is printed
+beside the first count's (the peer: ``--shards 1 2`` compares one process with two on the same book).
 
 ``--profile MODE:CONCURRENCY`` samples that run with py-spy (every thread, 100 Hz) and prints
 where the time goes, by our own function and by library; the raw samples stay in
@@ -180,9 +182,9 @@ INSERT_INVOICE = """
     INSERT INTO billing_invoice (id, tenant_id, livemode, customer_id, subscription_id, status, currency,
         period_start, period_end, subtotal, tax, tax_rate_bps, tax_status, credit_applied, total, amount_due,
         amount_paid, payment_intent_id, attempt_count, created_at, billing_reason, hosted_url_version, total_discount,
-        post_payment_credit_notes_amount, pre_payment_credit_notes_amount)
+        post_payment_credit_notes_amount, pre_payment_credit_notes_amount, hold_reason)
     VALUES (%s, %s, false, %s, %s, 'open', %s, %s, %s, %s, 0, 0, 'not_applicable', 0, %s, %s, 0, '', 0, now(),
-        'subscription_cycle', 0, 0, 0, 0)
+        'subscription_cycle', 0, 0, 0, 0, '')
     ON CONFLICT DO NOTHING
 """
 ADVANCE = "UPDATE billing_subscription SET periods_billed = %s, next_billing_at = %s, updated_at = now() WHERE id = %s"
@@ -539,7 +541,7 @@ def _make_sharded_book(name: str, subscriptions: int, tenants: int, seed: int) -
     return due
 
 
-def _shard_worker(index: int, count: int, concurrency: int, go, results) -> None:
+def _shard_worker(index: int, count: int, concurrency: int, latency_s: float, go, results) -> None:
     from django.db import connections
 
     from billing.services.drain import drain_due
@@ -547,21 +549,23 @@ def _shard_worker(index: int, count: int, concurrency: int, go, results) -> None
 
     connections.close_all()  # the parent's connection is not this process's
     _use_database(RUN_DB)
-    _install_gateway(StubGateway())
+    _install_gateway(StubGateway(latency_s))
     go.wait()
     started = time.perf_counter()
     run = drain_due(
         livemode=False, trigger="scheduler", shard=Shard(index, count), page_size=100, concurrency=concurrency
     )
-    results.put((index, run.attempted, time.perf_counter() - started))
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results.put((index, run.attempted, time.perf_counter() - started, peak_mb))
     connections.close_all()
 
 
-def run_shards(count: int, concurrency: int) -> tuple[int, float, list[float], float]:
+def run_shards(count: int, concurrency: int, latency_s: float = 0.0) -> tuple[int, float, list[float], float, float]:
     """Bill a fresh clone of the sharded book with one forked process per shard of ``count``.
 
-    Returns (subscriptions attempted, wall seconds of the slowest process, each process's seconds,
-    PostgreSQL's CPU seconds over the run).
+    ``latency_s`` is the stub gateway's latency per charge. Returns (subscriptions attempted, wall
+    seconds of the slowest process, each process's seconds, PostgreSQL's CPU seconds over the run,
+    the largest peak RSS of a shard process in MB).
     """
     from django.db import connections
 
@@ -570,7 +574,8 @@ def run_shards(count: int, concurrency: int) -> tuple[int, float, list[float], f
     context = multiprocessing.get_context("fork")
     go, results = context.Event(), context.Queue()
     workers = [
-        context.Process(target=_shard_worker, args=(index, count, concurrency, go, results)) for index in range(count)
+        context.Process(target=_shard_worker, args=(index, count, concurrency, latency_s, go, results))
+        for index in range(count)
     ]
     for worker in workers:
         worker.start()
@@ -583,7 +588,13 @@ def run_shards(count: int, concurrency: int) -> tuple[int, float, list[float], f
     elapsed = time.perf_counter() - started
     for worker in workers:
         worker.join()
-    return sum(d[1] for d in done), elapsed, [d[2] for d in sorted(done)], server.seconds() - server_started
+    return (
+        sum(d[1] for d in done),
+        elapsed,
+        [d[2] for d in sorted(done)],
+        server.seconds() - server_started,
+        max(d[3] for d in done),
+    )
 
 
 def _shard_bench(args) -> None:
@@ -599,24 +610,33 @@ def _shard_bench(args) -> None:
         )
         rows = []
         for count in args.shards:
-            closes, seconds, each, server_cpu = run_shards(count, concurrency)
-            rows.append((count, closes, seconds, each, server_cpu))
+            closes, seconds, each, server_cpu, peak_mb = run_shards(count, concurrency, args.shard_latency_ms / 1000)
+            rows.append((count, closes, seconds, each, server_cpu, peak_mb))
             print(
-                f"  {count} shard(s), {count} process(es), concurrency {concurrency}: {closes} closes in "
-                f"{seconds:.1f} s = {closes / seconds:.1f}/s (processes: {', '.join(f'{s:.1f} s' for s in each)})",
+                f"  {count} shard(s), {count} process(es), concurrency {concurrency}, "
+                f"{args.shard_latency_ms:.0f} ms per charge: {closes} closes in {seconds:.1f} s = "
+                f"{closes / seconds:.1f}/s (processes: {', '.join(f'{s:.1f} s' for s in each)}; "
+                f"peak RSS {peak_mb:.0f} MB)",
                 flush=True,
             )
     finally:
         if not args.keep:
             _drop_all()
     print()
-    print(f"{'shards':>6} {'subs':>6} {'wall s':>8} {'subs/s':>8} {'x first':>8} {'PG ms':>6}")
+    print(f"{'shards':>6} {'subs':>7} {'wall s':>8} {'min':>6} {'subs/s':>8} {'x first':>8} {'PG ms':>6} {'RSS MB':>7}")
     base = rows[0][1] / rows[0][2] if rows else 0.0
-    for count, closes, seconds, _, server_cpu in rows:
+    for count, closes, seconds, _, server_cpu, peak_mb in rows:
         rate = closes / seconds
         print(
-            f"{count:>6} {closes:>6} {seconds:>8.1f} {rate:>8.1f} {rate / base:>8.2f} "
-            f"{1000 * server_cpu / max(1, closes):>6.1f}"
+            f"{count:>6} {closes:>7} {seconds:>8.1f} {seconds / 60:>6.1f} {rate:>8.1f} {rate / base:>8.2f} "
+            f"{1000 * server_cpu / max(1, closes):>6.1f} {peak_mb:>7.0f}"
+        )
+    if args.shard_latency_ms and rows:
+        fastest = min(seconds for _, _, seconds, *_ in rows)
+        verdict = "met" if fastest < 600 else "MISSED"
+        print(
+            f"Target: the book billed in under 10 minutes with {args.shard_latency_ms:.0f} ms per charge: "
+            f"{fastest / 60:.1f} min at best -> {verdict}"
         )
     load = os.getloadavg()
     print(f"{os.cpu_count()} CPUs; load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
@@ -807,6 +827,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the bench_drain_* databases")
     parser.add_argument("--shards", type=int, nargs="+", help="measure these billing shard counts instead (e.g. 1 2)")
     parser.add_argument("--shard-tenants", type=int, default=8, help="with --shards: tenants of the book (even)")
+    parser.add_argument(
+        "--shard-latency-ms", type=float, default=0.0, help="with --shards: the stub gateway's latency per charge"
+    )
     parser.add_argument("--drain-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
