@@ -381,6 +381,21 @@ def test_a_subscription_several_periods_behind_is_billed_one_period_per_run(book
     assert starts == [anchor, anchor + timedelta(days=1), anchor + timedelta(days=2)]
 
 
+def test_a_claim_passes_over_the_pages_in_flight_so_a_subscription_behind_is_closed_once_per_run(
+    book, tenant, settings
+):
+    settings.HARDCOUNT_BILLING_PAGES_IN_FLIGHT = 2
+    anchor = database_now() - timedelta(days=2, hours=1)  # periods 0, 1 and 2 have begun
+    # Below the minimum charge, so not a plain close: it takes the per-close path, which at concurrency 1 has
+    # committed its period (the next still due, past the claim's cursor) before the next page is claimed.
+    sub = book.subscribed(tenant, interval="day", anchor=anchor, amount=10)
+
+    run = _drain(tenant, page_size=1, concurrency=1)
+
+    assert (run.attempted, run.billed) == (1, 1)
+    assert list(Invoice.objects.filter(subscription=sub).values_list("period_start", flat=True)) == [anchor]
+
+
 def test_a_trial_ends_with_the_first_invoice_and_the_subscription_becomes_active(book, tenant):
     sub = book.subscribed(tenant, status="trialing")
 
