@@ -1,5 +1,7 @@
 """API authentication: ``Authorization: Bearer hc_test_…|hc_live_…`` (docs/reference/domain.md, docs/reference/api.md).
 
+HTTP Basic with the key as the user name (``curl -u hc_test_…:``) is accepted too, as Stripe accepts it.
+
 The key decides everything: its tenant and its mode. After authentication the request
 carries ``request.tenant`` (a :class:`~hardcount.models.Tenant`), ``request.livemode``
 (bool) and ``request.auth`` (the :class:`~hardcount.models.ApiKey` row). Only the
@@ -8,6 +10,8 @@ SHA-256 of a key is stored, so lookup is by hash; revoked keys are refused.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -31,9 +35,25 @@ class ApiPrincipal:
 
 
 def _key_from_header(header: str) -> str:
-    scheme, _, key = header.strip().partition(" ")
-    key = key.strip()
-    if scheme.lower() != "bearer" or not key:
+    """The API key an ``Authorization`` header carries: ``Bearer <key>``, or ``Basic base64(<key>:)``.
+
+    Basic is accepted as Stripe accepts it (``curl -u hc_test_…:``): the key is the user name and the
+    password, normally empty, is ignored. Raises :class:`~hardcount.errors.Unauthenticated` for any
+    other scheme, a credential that is not base64 of ``user:password``, or a value shaped unlike a key.
+    """
+    scheme, _, credential = header.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() == "bearer" and credential:
+        key = credential
+    elif scheme.lower() == "basic" and credential and len(credential) <= 2 * _MAX_KEY_LENGTH:
+        try:
+            user, colon, _password = base64.b64decode(credential, validate=True).decode("ascii").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            raise Unauthenticated("Invalid API key.") from None
+        if not colon:
+            raise Unauthenticated("Invalid API key.")
+        key = user
+    else:
         raise Unauthenticated("Use the Authorization header: Bearer <api key>.")
     if len(key) > _MAX_KEY_LENGTH or not key.startswith((TEST_KEY_PREFIX, LIVE_KEY_PREFIX)):
         raise Unauthenticated("Invalid API key.")

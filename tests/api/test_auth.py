@@ -1,5 +1,7 @@
 """Bearer-key authentication: the key decides tenant and mode; anything else is a 401 in the API's error shape."""
 
+import base64
+
 from django.utils import timezone
 
 from hardcount.models import ApiKey
@@ -25,10 +27,35 @@ def test_unknown_key_is_401(db):
     assert body["error"]["code"] == "invalid_api_key"
 
 
+def basic(user: str, password: str = "") -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
 def test_key_without_bearer_scheme_is_401(acme):
-    response = Api(None).client.get("/v1/customers", HTTP_AUTHORIZATION=f"Basic {acme.test}")
-    assert response.status_code == 401
-    assert response["WWW-Authenticate"].startswith("Bearer")
+    for header in (f"Basic {acme.test}", f"Token {acme.test}", basic(acme.test)[:-2] + "!!", "Basic " + "QQ" * 300):
+        response = Api(None).client.get("/v1/customers", HTTP_AUTHORIZATION=header)
+        assert response.status_code == 401, header
+        assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_basic_auth_with_the_key_as_user_name_is_accepted_as_stripe_does(acme):
+    created = Api(None).client.post(
+        "/v1/customers",
+        {"email": "curl@example.com"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=basic(acme.test),
+    )
+    assert created.status_code == 201, created.content
+    assert created.json()["livemode"] is False
+    # The password is ignored, as Stripe's; the key still decides tenant and mode.
+    live = Api(None).client.get("/v1/customers", HTTP_AUTHORIZATION=basic(acme.live, "anything"))
+    assert live.status_code == 200 and live.json()["data"] == []
+
+
+def test_basic_auth_with_an_unknown_key_or_no_user_name_is_401(acme):
+    for header in (basic("hc_test_" + "x" * 32), basic(""), "Basic " + base64.b64encode(acme.test.encode()).decode()):
+        status = Api(None).client.get("/v1/customers", HTTP_AUTHORIZATION=header).status_code
+        assert status == 401, header
 
 
 def test_revoked_key_is_refused(acme):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hardcount import outbound
-from hardcount.outbound import OutboundRefused, PolicyNetworkBackend, is_public_address, parse_allowlist
+from hardcount.outbound import OutboundRefused, checked_addresses, is_public_address, parse_allowlist
 
 REFUSED = [
     # IPv4: loopback, private, link-local and metadata, CGNAT, "this network", multicast, reserved, special use
@@ -171,7 +171,7 @@ def _checked(host: str, port: int, answers: list[str]) -> list[str]:
         assert name == host
         return answers
 
-    return asyncio.run(PolicyNetworkBackend(resolver=resolver).checked_addresses(host, port))
+    return asyncio.run(checked_addresses(host, port, resolver))
 
 
 def test_a_name_with_any_non_public_address_is_refused_before_connecting(settings):
