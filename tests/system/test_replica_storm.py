@@ -64,8 +64,11 @@ pytestmark = [
 
 REPLICAS = 10
 SHARDS = 2
-PER_SHARD = 36  # due subscriptions of each shard's tenant
-GATEWAY_DELAY_S = 0.25  # on every PaymentIntent call, so the drain outlasts the storm's rounds
+PER_SHARD = 48  # due subscriptions of each shard's tenant
+# On every PaymentIntent call, with one charge in flight per shard leader: about 2 closes/s per shard, so the
+# drain outlasts the storm's rounds even on a quiet machine, where a round can wait seconds for a replacement
+# replica to boot (with 4 charges at 0.25 s, a quiet run once billed the last 45 % during one such wait).
+GATEWAY_DELAY_S = 0.5
 ROLES = {"billing:0", "billing:1", "dunning", "outbox_maintenance", "idempotency_maintenance"}
 # (share of the book's closes recorded before the round, what it kills).
 ROUNDS = (
@@ -85,9 +88,9 @@ STORM_ENV = {
     "HARDCOUNT_BILLING_PAGE_SIZE": "4",
     "HARDCOUNT_BILLING_CONCURRENCY": "2",
     "HARDCOUNT_BILLING_PAGES_IN_FLIGHT": "1",
-    "HARDCOUNT_BILLING_CHARGES_IN_FLIGHT": "4",
-    # The in-flight window is five of these: a dead leader's charges are re-sent (same key) 5 s on.
-    "HARDCOUNT_GATEWAY_TIMEOUT_S": "1",
+    "HARDCOUNT_BILLING_CHARGES_IN_FLIGHT": "1",
+    # The in-flight window is five of these: a dead leader's charges are re-sent (same key) 10 s on.
+    "HARDCOUNT_GATEWAY_TIMEOUT_S": "2",
     "HARDCOUNT_DUNNING_INTERVAL_S": "2",
     "HARDCOUNT_OUTBOX_MAINTENANCE_INTERVAL_S": "2",
     "HARDCOUNT_LEASE_TTL_S": "4",
