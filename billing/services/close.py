@@ -501,8 +501,8 @@ def mark_finalized(invoice: Invoice, *, number: int, now: datetime) -> None:
     invoice.finalized_at = now
 
 
-def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
-    """The period advances without a charge; the reconciler finalises and charges the draft later."""
+def _advance_without_charge_locked(sub: Subscription, invoice: Invoice, now: datetime) -> None:
+    """Advance ``sub`` past ``invoice``'s period, if that is its current one, leaving the draft uncharged."""
     if period_advances(sub, invoice):
         advance_period_locked(sub, invoice)
         clear_failure_state(sub)
@@ -510,6 +510,11 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
             sub.status = Subscription.ACTIVE
         sub.save()
         subscription_event(sub, "subscription.updated", created_at=now)
+
+
+def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
+    """The period advances without a charge; the reconciler finalises and charges the draft later."""
+    _advance_without_charge_locked(sub, invoice, now)
     outcome = Outcome(OutcomeKind.TAX_PENDING, invoice.id, error="tax provider unavailable: invoice waits as a draft")
     write_billing_attempt(run, sub.id, outcome, now=now)
     return outcome
@@ -518,13 +523,7 @@ def _tax_pending_locked(sub: Subscription, invoice: Invoice, run: BillingRun | N
 def _held_locked(sub: Subscription, invoice: Invoice, run: BillingRun | None, now: datetime) -> Outcome:
     """A draft held for an operator (``hold_reason``): never finalised nor charged by the close, which advances the
     period as for a pending tax, so later periods bill as usual; the attempt row names the invoice (decision 0217)."""
-    if period_advances(sub, invoice):
-        advance_period_locked(sub, invoice)
-        clear_failure_state(sub)
-        if sub.status == Subscription.TRIALING:
-            sub.status = Subscription.ACTIVE
-        sub.save()
-        subscription_event(sub, "subscription.updated", created_at=now)
+    _advance_without_charge_locked(sub, invoice, now)
     outcome = Outcome(
         OutcomeKind.HELD,
         invoice.id,
