@@ -3,8 +3,8 @@
     .venv/bin/python bench/outbound_client.py [--requests 3000] [--concurrency 8] [--rounds 2]
 
 Each side POSTs the same signed-size JSON body ``--requests`` times, ``--concurrency`` at a time, over
-kept-alive connections, to a local asyncio HTTP/1.1 receiver in its own process that answers 200 at once,
-and reads the answer. The figure is this process's CPU time (user + system) per request, which is what a
+kept-alive connections, to the delivery bench's local HTTP/1.1 receiver (``bench/outbox_delivery.py``, in
+its own process, answering 200 at once), and reads the answer. The figure is this process's CPU time (user + system) per request, which is what a
 webhook executor pays per delivery for the request alone; the rate is printed too. Sides:
 
 - ``outbound``: :class:`hardcount.outbound.OutboundClient` (aiohttp, the policy's resolver), as the
@@ -23,7 +23,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -40,30 +39,6 @@ BODY = json.dumps(
     }
 ).encode()
 HEADERS = {"Content-Type": "application/json", "User-Agent": "Hardcount-Webhooks/1.0", "Hardcount-Signature": "x" * 90}
-
-
-def _serve(port: int, ready) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                if length:
-                    await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port)
-        ready.set()
-        await server.serve_forever()
-
-    asyncio.run(main())
 
 
 async def _outbound(url: str, requests: int, concurrency: int) -> None:
@@ -109,18 +84,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from outbox_delivery import _serve as serve_receiver  # the delivery bench's receiver, in its own process
+
+    ctx = multiprocessing.get_context("spawn")
+    ports = ctx.Queue()
+    receiver = ctx.Process(target=serve_receiver, args=(ports,), daemon=True)
+    receiver.start()
+    port = ports.get(timeout=10)
     os.environ["HARDCOUNT_OUTBOUND_ALLOW"] = f"127.0.0.1:{port}"
     import django
 
     django.setup()
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    receiver = ctx.Process(target=_serve, args=(port, ready), daemon=True)
-    receiver.start()
-    ready.wait(10)
     url = f"http://127.0.0.1:{port}/hooks"
     sides = {"outbound (aiohttp)": _outbound, "httpx": _httpx}
     figures: dict[str, list[float]] = {name: [] for name in sides}
