@@ -4,8 +4,9 @@
 
 Each side POSTs the same signed-size JSON body ``--requests`` times, ``--concurrency`` at a time, over
 kept-alive connections, to the delivery bench's local HTTP/1.1 receiver (``bench/outbox_delivery.py``, in
-its own process, answering 200 at once), and reads the answer. The figure is this process's CPU time (user + system) per request, which is what a
-webhook executor pays per delivery for the request alone; the rate is printed too. Sides:
+its own process, answering 200 at once), and reads the answer. The figure is this process's CPU time
+(user + system) per request, which is what a webhook executor pays per delivery for the request alone;
+the rate is printed too. Sides:
 
 - ``outbound``: :class:`hardcount.outbound.OutboundClient` (aiohttp, the policy's resolver), as the
   executor uses it: one client, at most ``--concurrency`` connections;
