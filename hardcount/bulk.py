@@ -9,15 +9,62 @@ to a running statement. Inside a fenced transaction (decision 0020), where a sto
 not hold the lease row, rows go in one statement sent whole: :func:`insert_models` and
 :func:`update_models` send one typed array per column. No ``RETURNING``: the instances must carry
 their primary keys already (Hardcount's prefixed ids are made in Python).
+
+Each array goes as the text of an array literal built by :func:`array_literal`, not as a Python
+list: psycopg escapes a list's elements with a regular-expression substitution per double quote,
+and a page close's JSON payloads (events, invoices) are mostly double quotes, so that escaping
+alone took a quarter of the drain's time (docs/decisions/0227-array-literals.md).
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterable
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
 
 from django.db import connection, models
 from psycopg import sql
 from psycopg.types.json import Jsonb
+
+
+def array_literal(values: Iterable[Any], *, json_values: bool = False) -> str:
+    """PostgreSQL's text input form of a one-dimensional array of ``values``, e.g. ``{"a","b\\"c",NULL}``.
+
+    Send it as one parameter cast to the array's type (``%s::text[]``, ``%s::jsonb[]`` …): the
+    server parses it with the element type's own input function, exactly as it would parse the
+    array psycopg builds from a list (https://www.postgresql.org/docs/current/arrays.html#ARRAYS-IO).
+    Elements: ``None`` is ``NULL``; ``str``, ``int``, ``float``, ``Decimal``, ``bool``, ``datetime``
+    and ``date`` (ISO 8601, with their offset), ``UUID``; with ``json_values`` every element is
+    JSON-encoded first (``json.dumps``, as psycopg's ``Jsonb``: ``None`` is JSON ``null``). Every element but
+    ``NULL`` is double-quoted, with backslashes and double quotes backslash-escaped. Raises
+    ``TypeError`` for any other element type.
+    """
+    parts = []
+    for value in values:
+        if json_values:
+            text = json.dumps(value)
+        elif value is None:
+            parts.append("NULL")
+            continue
+        elif isinstance(value, str):
+            text = value
+        elif isinstance(value, bool):
+            text = "t" if value else "f"
+        elif isinstance(value, int | float | Decimal | uuid.UUID):
+            text = str(value)
+        elif isinstance(value, datetime | date):
+            text = value.isoformat()
+        else:
+            raise TypeError(f"array_literal cannot write a {type(value).__name__}")
+        if "\\" in text:
+            text = text.replace("\\", "\\\\")
+        if '"' in text:
+            text = text.replace('"', '\\"')
+        parts.append(f'"{text}"')
+    return "{" + ",".join(parts) + "}"
 
 
 def copy_models(model: type[models.Model], objs: Iterable[models.Model]) -> int:
@@ -58,9 +105,9 @@ def insert_models(model: type[models.Model], objs: list[models.Model]) -> int:
     arrays = []
     for f in fields:
         if isinstance(f, models.JSONField):
-            arrays.append([Jsonb(f.pre_save(obj, True)) for obj in objs])
+            arrays.append(array_literal((f.pre_save(obj, True) for obj in objs), json_values=True))
         else:
-            arrays.append([f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs])
+            arrays.append(array_literal(f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs))
     statement = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({})").format(
         sql.Identifier(model._meta.db_table),
         sql.SQL(", ").join(sql.Identifier(f.column) for f in fields),
@@ -88,8 +135,8 @@ def update_models(model: type[models.Model], objs: list[models.Model], field_nam
         raise ValueError("update_models does not write JSON fields")
     pk = opts.pk
     columns = [pk, *fields]
-    arrays = [[pk.get_db_prep_save(obj.pk, connection) for obj in objs]]
-    arrays += [[f.get_db_prep_save(f.pre_save(obj, False), connection) for obj in objs] for f in fields]
+    arrays = [array_literal(pk.get_db_prep_save(obj.pk, connection) for obj in objs)]
+    arrays += [array_literal(f.get_db_prep_save(f.pre_save(obj, False), connection) for obj in objs) for f in fields]
     statement = sql.SQL(
         "UPDATE {table} AS t SET {sets} FROM unnest({arrays}) AS v({names}) WHERE t.{pk} = v.{pk}"
     ).format(

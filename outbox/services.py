@@ -18,10 +18,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import connection, transaction
 from django.utils import timezone
-from psycopg.types.json import Jsonb
 
 from hardcount import outbound
-from hardcount.bulk import copy_models
+from hardcount.bulk import array_literal, copy_models
 from hardcount.errors import InvalidRequestError, NotFoundError, StateConflictError
 from outbox import queries
 from outbox.models import Delivery, Event, WebhookEndpoint
@@ -169,12 +168,12 @@ def _write_events(events: list[Event], *, copy_from: int | None = 100) -> None:
                 if publish
                 else queries.INSERT_EVENTS_WITH_DELIVERIES,
                 {
-                    "ids": [e.id for e in events],
-                    "tenant_ids": [e.tenant_id for e in events],
-                    "livemodes": [e.livemode for e in events],
-                    "types": [e.type for e in events],
-                    "data": [Jsonb(e.data) for e in events],
-                    "created_at": [e.created_at for e in events],
+                    "ids": array_literal(e.id for e in events),
+                    "tenant_ids": array_literal(e.tenant_id for e in events),
+                    "livemodes": array_literal(e.livemode for e in events),
+                    "types": array_literal(e.type for e in events),
+                    "data": array_literal((e.data for e in events), json_values=True),
+                    "created_at": array_literal(e.created_at for e in events),
                 },
             )
             rows = cursor.fetchall()
