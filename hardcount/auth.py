@@ -88,15 +88,28 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
-    """Documents :class:`ApiKeyAuthentication` as an HTTP bearer scheme in the OpenAPI document."""
+    """Documents :class:`ApiKeyAuthentication` in the OpenAPI document: HTTP bearer, or HTTP Basic with the key as
+    the username (either one authenticates a request)."""
 
     target_class = "hardcount.auth.ApiKeyAuthentication"
-    name = "ApiKey"
+    name = ["ApiKey", "ApiKeyBasic"]
+
+    def get_security_requirement(self, auto_schema):
+        # Two requirement objects: either scheme alone authenticates (one object naming both would mean both).
+        return [{"ApiKey": []}, {"ApiKeyBasic": []}]
 
     def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "A secret key `hc_test_…` (test mode) or `hc_live_…` (live mode). "
-            "The key decides the tenant and the mode of every object the request sees.",
-        }
+        return [
+            {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "A secret key `hc_test_…` (test mode) or `hc_live_…` (live mode). "
+                "The key decides the tenant and the mode of every object the request sees.",
+            },
+            {
+                "type": "http",
+                "scheme": "basic",
+                "description": "The same secret key as the username and an empty password, as Stripe's "
+                "clients send it (`curl -u hc_test_…:`).",
+            },
+        ]

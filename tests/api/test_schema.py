@@ -20,6 +20,19 @@ def test_document_is_valid_openapi_31(document):
     validate_schema(document)
 
 
+def test_both_ways_of_sending_the_key_are_documented_on_every_v1_operation(document):
+    schemes = document["components"]["securitySchemes"]
+    assert {name: (s["type"], s["scheme"]) for name, s in schemes.items()} == {
+        "ApiKey": ("http", "bearer"),
+        "ApiKeyBasic": ("http", "basic"),
+    }
+    for path, item in document["paths"].items():
+        if path.startswith("/v1/") and path != "/v1/openapi.json":
+            for method, operation in item.items():
+                assert {"ApiKey": []} in operation["security"], (method, path)
+                assert {"ApiKeyBasic": []} in operation["security"], (method, path)
+
+
 def test_every_operation_documents_401_and_every_post_its_errors_and_idempotency(document):
     for path, item in document["paths"].items():
         if not path.startswith("/v1/"):
