@@ -34,6 +34,7 @@ from dunning import lock_objects
 from dunning.models import DEFAULT_RETRY_DAYS, DunningRun, DunningSettings
 from dunning.representations import dunning_run_data
 from dunning.schedule import last_retry_at, next_retry_at, retry_at
+from hardcount.bulk import insert_models
 from hardcount.errors import InvalidRequestError
 from hardcount.times import database_now
 from outbox.services import emit_for
@@ -148,18 +149,65 @@ def start_dunning(invoice, *, declined_at: datetime, decline_code: str) -> Dunni
     opened = run is None
     if opened:
         policy = get_settings(tenant_id=invoice.tenant_id, livemode=invoice.livemode)
-        run = DunningRun(
-            tenant_id=invoice.tenant_id,
-            livemode=invoice.livemode,
-            invoice_id=invoice.id,
-            test_clock_id=_invoice_clock_id(invoice),
-            first_declined_at=declined_at,
-            schedule_anchor_at=declined_at,
-            retry_days=list(policy.retry_days),
-            created_at=declined_at,
-        )
+        run = _new_run(invoice, declined_at=declined_at, policy=policy, test_clock_id=_invoice_clock_id(invoice))
     elif run.status != DunningRun.ACTIVE:
         return run  # the run ended (its subscription was canceled): nothing more is collected
+    scheduled = _take_decline(run, opened=opened, declined_at=declined_at, decline_code=decline_code)
+    if opened:
+        run.save(force_insert=True)
+    else:
+        run.save()
+    if scheduled:
+        emit_run_event(run, "dunning.retry_scheduled", declined_at)
+    return run
+
+
+def start_dunning_for_first_declines(declines: list[tuple], *, declined_at: datetime) -> list[DunningRun]:
+    """:func:`start_dunning` for many invoices at once, each at its first decline: one insert for their runs.
+
+    ``declines`` are ``(invoice, decline_code, test_clock_id)``: invoices locked by the caller, whose
+    first payment attempt was just declined, so none has a run yet (the run's unique invoice makes
+    the insert fail otherwise, and the caller's transaction with it); ``test_clock_id`` is the clock
+    of the invoice's subscription. Opens each run as :func:`start_dunning` does (the same rule,
+    :func:`_take_decline`), with one policy read per tenant and mode, and emits their
+    ``dunning.retry_scheduled``. Returns the runs, in order.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("start_dunning_for_first_declines must run inside the transaction that records them")
+    policies: dict[tuple[str, bool], Policy] = {}
+    runs, scheduled = [], []
+    for invoice, decline_code, test_clock_id in declines:
+        key = (invoice.tenant_id, invoice.livemode)
+        if key not in policies:
+            policies[key] = get_settings(tenant_id=invoice.tenant_id, livemode=invoice.livemode)
+        run = _new_run(invoice, declined_at=declined_at, policy=policies[key], test_clock_id=test_clock_id)
+        runs.append(run)
+        scheduled.append(_take_decline(run, opened=True, declined_at=declined_at, decline_code=decline_code))
+    insert_models(DunningRun, runs)
+    for run, emit in zip(runs, scheduled, strict=True):
+        run._state.adding = False
+        if emit:
+            emit_run_event(run, "dunning.retry_scheduled", declined_at)
+    return runs
+
+
+def _new_run(invoice, *, declined_at: datetime, policy: Policy, test_clock_id: str | None) -> DunningRun:
+    """The run a first decline of ``invoice`` opens (not saved): the policy's schedule, anchored at the decline."""
+    return DunningRun(
+        tenant_id=invoice.tenant_id,
+        livemode=invoice.livemode,
+        invoice_id=invoice.id,
+        test_clock_id=test_clock_id,
+        first_declined_at=declined_at,
+        schedule_anchor_at=declined_at,
+        retry_days=list(policy.retry_days),
+        created_at=declined_at,
+    )
+
+
+def _take_decline(run: DunningRun, *, opened: bool, declined_at: datetime, decline_code: str) -> bool:
+    """Move ``run`` on for a decline (in memory; the rules of :func:`start_dunning`). True when the run's next
+    retry is now scheduled (``dunning.retry_scheduled`` is due)."""
     run.last_decline_code = (decline_code or "")[:100]
     retry_outcome = run.attempt_started_at is not None
     run.attempt_started_at = None
@@ -179,13 +227,7 @@ def start_dunning(invoice, *, declined_at: datetime, decline_code: str) -> Dunni
         # method: the request is served.
         run.retry_requested_at = None
         run.next_attempt_at = retry_at(run, k + 1) if k < n else declined_at
-    if opened:
-        run.save(force_insert=True)
-    else:
-        run.save()
-    if (opened or retry_outcome) and (k < n or run.retry_requested_at is not None):
-        emit_run_event(run, "dunning.retry_scheduled", declined_at)
-    return run
+    return (opened or retry_outcome) and (k < n or run.retry_requested_at is not None)
 
 
 def stop_dunning(invoice, *, ended_at: datetime, recovered: bool = False) -> None:

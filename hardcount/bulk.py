@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -67,6 +67,23 @@ def array_literal(values: Iterable[Any], *, json_values: bool = False) -> str:
     return "{" + ",".join(parts) + "}"
 
 
+# Values the database takes as they are: Django's conversion (get_db_prep_save) returns these unchanged,
+# at ~10 µs a value, which was a tenth of a page close. Exact types: an enum member or a naive
+# datetime still goes through Django.
+_AS_THEY_ARE = frozenset((str, int, bool, type(None)))
+
+
+def _db_values(field: models.Field, objs: list[models.Model], *, add: bool) -> Iterator[Any]:
+    """``field``'s database values of ``objs``, as ``save`` takes them (``pre_save``, then
+    ``get_db_prep_save`` unless the value is already one the database takes as it is)."""
+    for obj in objs:
+        value = field.pre_save(obj, add)
+        if type(value) in _AS_THEY_ARE or (type(value) is datetime and value.tzinfo is not None):
+            yield value
+        else:
+            yield field.get_db_prep_save(value, connection)
+
+
 def copy_models(model: type[models.Model], objs: Iterable[models.Model]) -> int:
     """COPY ``objs`` (instances of ``model``, primary keys set) into the model's table; returns the row count.
 
@@ -107,7 +124,7 @@ def insert_models(model: type[models.Model], objs: list[models.Model]) -> int:
         if isinstance(f, models.JSONField):
             arrays.append(array_literal((f.pre_save(obj, True) for obj in objs), json_values=True))
         else:
-            arrays.append(array_literal(f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs))
+            arrays.append(array_literal(_db_values(f, objs, add=True)))
     statement = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({})").format(
         sql.Identifier(model._meta.db_table),
         sql.SQL(", ").join(sql.Identifier(f.column) for f in fields),
@@ -136,7 +153,7 @@ def update_models(model: type[models.Model], objs: list[models.Model], field_nam
     pk = opts.pk
     columns = [pk, *fields]
     arrays = [array_literal(pk.get_db_prep_save(obj.pk, connection) for obj in objs)]
-    arrays += [array_literal(f.get_db_prep_save(f.pre_save(obj, False), connection) for obj in objs) for f in fields]
+    arrays += [array_literal(_db_values(f, objs, add=False)) for f in fields]
     statement = sql.SQL(
         "UPDATE {table} AS t SET {sets} FROM unnest({arrays}) AS v({names}) WHERE t.{pk} = v.{pk}"
     ).format(

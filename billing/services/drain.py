@@ -418,10 +418,12 @@ def _start_page(
     their accounts on this connection first); every other close runs on ``pool`` with the full
     rules. A database error (or a bug) in step 1 hands its closes to the per-close path instead.
     """
-    prepared, others = [], page
+    prepared, settled, others = [], {}, page
     if settings.HARDCOUNT_BILLING_PAGE_CLOSE:
         try:
-            prepared, others = prepare_page(page, as_of=as_of, test_clock_id=test_clock_id, fence=fence)
+            prepared, settled, others = prepare_page(
+                page, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
+            )
         except LeaseLost:
             raise
         except Exception:
@@ -445,6 +447,11 @@ def _start_page(
             lambda call=call: charge(call), account=call.account, livemode=call.livemode, requests=call.requests
         )
         tasks.append(("send", p, pending))
+    for item in page:
+        if item[0] in settled:  # closed in step 1: nothing to pay
+            done = Pending()
+            done.set_result(settled[item[0]])
+            tasks.append(("close", item, done))
     tasks += [("close", item, pool.submit(close, item)) for item in others]
     return _Page(page, tasks)
 

@@ -19,14 +19,16 @@ a page at a time:
    ``invoice.finalized``, as step 1 of each close does (docs/reference/billing.md#closing-a-period).
 2. The drain sends each plan (:func:`billing.services.payments.send`), in parallel.
 3. :func:`record_page`, one transaction: lock subscriptions, invoices, attempts and customers (the
-   order every billing writer uses, :mod:`billing.lock_objects`), record each successful charge,
-   mark its invoice paid, advance its period, and emit ``invoice.paid`` and ``subscription.updated``.
+   order every billing writer uses, :mod:`billing.lock_objects`), record each successful charge
+   (invoice paid, period advanced, ``invoice.paid`` and ``subscription.updated``) and each declined
+   one (period advanced, ``past_due``, its dunning run opened, ``invoice.payment_failed``).
 
+An invoice that comes to 0 is settled in step 1 itself, without a call, as the per-close path settles it.
 Everything else goes back to the drain to close one by one with the full rules: a subscription
 that is not plain (cancelling at period end, a change scheduled, pending invoice items of its
-customer, ``past_due``, an invoice already there, tax pending, nothing or too little to charge, no
-payment method) and every charge that did
-not succeed (a decline starts dunning; a failure goes on the retry ladder). A database error in
+customer, ``past_due``, an invoice already there, tax pending, an amount under the minimum, no
+payment method) and every charge that neither succeeded nor was declined (a failure goes on the
+retry ladder; a pending payment or a rate limit keeps its attempt open). A database error in
 either transaction rolls that page's batch back whole and hands every close in it to the same
 per-close path, so a page close is never less safe than the closes it replaces; the unique index
 on (subscription, period) still guards each invoice. docs/decisions/0016-page-close.md.
@@ -75,6 +77,8 @@ from billing.services.payments import (
     apply_result,
     attempt_time,
     billing_time,
+    declined_changes,
+    declined_events,
     is_current_period,
     mark_paid,
     needs_no_charge,
@@ -82,11 +86,15 @@ from billing.services.payments import (
     note_gateway_ids,
     paid_changes,
     plan_for,
+    settled_attempt,
     take_charge_locks,
 )
 from billing.services.usage import usage_lines_for
+from dunning import services as dunning_services
+from dunning.schedule import next_retry_at
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
+from hardcount.times import iso
 from outbox import services as outbox_services
 from outbox.services import emit_for
 
@@ -117,16 +125,22 @@ class PreparedClose:
 def prepare_page(
     items: list[tuple[str, int]],
     *,
+    run: BillingRun | None = None,
     as_of: datetime | None,
     test_clock_id: str | None,
     fence: Fence,
-) -> tuple[list[PreparedClose], list[tuple[str, int]]]:
-    """Step 1 for a page's plain closes, in one transaction; ``(prepared, others)``.
+) -> tuple[list[PreparedClose], dict[str, Outcome], list[tuple[str, int]]]:
+    """Step 1 for a page's plain closes, in one transaction; ``(prepared, settled, others)``.
 
     ``items`` are the page's claimed ``(subscription id, periods_billed)``; ``as_of`` and
     ``test_clock_id`` as for :func:`billing.services.drain.drain_due`. ``prepared`` closes have
-    their invoice finalised and their first attempt reserved, committed; ``others`` (in page
-    order) were left untouched for the per-close path. On a test clock the charge lock of each
+    their invoice finalised and their first attempt reserved, committed. ``settled`` maps the
+    subscriptions whose invoice came to nothing to pay (amount due 0 after discounts and the
+    customer's balance) to their ``billed`` :class:`Outcome`: closed in this transaction as the
+    per-close path closes them (:func:`~billing.services.payments.settle_without_charge_locked`:
+    paid without a call, ``invoice.paid``; the period advanced, ``subscription.updated``), with
+    their billing attempt rows when ``run`` is given. ``others`` (in page order) were left
+    untouched for the per-close path. On a test clock the charge lock of each
     prepared invoice is taken for this thread (:func:`~billing.services.payments.take_charge_locks`):
     call this inside :func:`~billing.services.payments.charging`. Raises the database's error
     (nothing of the batch is then written) and :class:`~hardcount.fencing.LeaseLost` when the
@@ -180,32 +194,53 @@ def prepare_page(
                 continue
             apply_tax(invoice, quote)
             set_balance_applied(customer, invoice)
-            if needs_no_charge(invoice):
-                continue
+            if needs_no_charge(invoice) and invoice.amount_due != 0:
+                continue  # under the minimum: carried to the balance under the per-close path's ledger rules
             record_balance_applied_locked(customer, invoice, at=now)
             drafts.append((sub, customer, invoice, sub_lines, created))
 
-        prepared = []
+        prepared, settled = [], {}
         numbers = _take_numbers(drafts)
-        invoices, lines, attempts = [], [], []
+        invoices, lines, attempts, changed_subs, rows = [], [], [], [], []
         for (sub, customer, invoice, sub_lines, created), number in zip(drafts, numbers, strict=True):
             mark_finalized(invoice, number=number, now=now)
             emit_for(invoice, "invoice.created", created, created_at=now)
             invoice_event(invoice, "invoice.finalized", lines=sub_lines, created_at=now)
-            attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
             invoices.append(invoice)
             lines.extend(sub_lines)
+            if invoice.amount_due == 0:
+                attempts.append(settled_attempt(invoice, number=1, now=now))
+                invoice.status, invoice.paid_at = Invoice.PAID, now  # no call: no attempt counted, nothing paid
+                invoice_event(invoice, "invoice.paid", lines=sub_lines, created_at=now)
+                if paid_changes(sub, invoice, other_open_invoices=False):
+                    changed_subs.append(sub)
+                    subscription_event(sub, "subscription.updated", created_at=now)
+                settled[sub.id] = Outcome(OutcomeKind.BILLED, invoice.id)
+                if run is not None:
+                    rows.append(
+                        BillingAttempt(
+                            run=run,
+                            subscription_id=sub.id,
+                            invoice_id=invoice.id,
+                            outcome=BillingAttempt.Outcome.BILLED,
+                            created_at=now,
+                        )
+                    )
+                continue
+            attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
             attempts.append(attempt)
             prepared.append(PreparedClose((sub.id, periods[sub.id]), plan_for(invoice, customer, attempt), sub_lines))
         if test_clock_id:
-            held = take_charge_locks([invoice.id for invoice in invoices])
+            held = take_charge_locks([p.plan.invoice_id for p in prepared])
             if held:  # fresh ids: only a hash collision with another invoice's charge
                 raise RuntimeError(f"the charge locks of new invoices {held} are held elsewhere")
         insert_models(Invoice, invoices)
         insert_models(InvoiceLineItem, lines)
         insert_models(PaymentAttempt, attempts)
-    done = {p.item[0] for p in prepared}
-    return prepared, [item for item in items if item[0] not in done]
+        update_models(Subscription, changed_subs, SUBSCRIPTION_PAID_FIELDS)
+        insert_models(BillingAttempt, rows)
+    done = {p.item[0] for p in prepared} | set(settled)
+    return prepared, settled, [item for item in items if item[0] not in done]
 
 
 def _lock_due(periods: dict[str, int], *, as_of: datetime | None, test_clock_id: str | None) -> list[Subscription]:
@@ -267,36 +302,43 @@ def record_page(
     test_clock_id: str | None,
     fence: Fence,
 ) -> tuple[dict[str, Outcome], list[tuple[PreparedClose, gw.ChargeResult]]]:
-    """Step 3 for the successful first charges of a page's plain closes, in one transaction; ``(outcomes, others)``.
+    """Step 3 for the first charges of a page's plain closes that succeeded or were declined, in one
+    transaction; ``(outcomes, others)``.
 
-    ``outcomes`` maps each recorded subscription id to its ``billed`` :class:`Outcome` (its billing
-    attempt row is written when ``run`` is given); ``others`` are the results left for the per-close
-    :func:`billing.services.payments.record_outcome`: charges that did not succeed, and any whose
-    rows changed since step 1 (a racing same-key re-send recorded it, the period moved). Calls
+    ``outcomes`` maps each recorded subscription id to its ``billed`` or ``declined``
+    :class:`Outcome` (its billing attempt row is written when ``run`` is given). A success is
+    recorded as :func:`billing.services.payments.record_outcome` records it: the invoice paid, the
+    period advanced, ``invoice.paid`` and ``subscription.updated``. A decline too: the invoice
+    stays open with one attempt counted, the period advances, the subscription is ``past_due``, its
+    dunning run opens (:func:`dunning.services.start_dunning_for_first_declines`: one insert for the
+    page) and ``invoice.payment_failed`` says when the first retry is. ``others`` are the results
+    left for the per-close :func:`~billing.services.payments.record_outcome`: charges that neither
+    succeeded nor were declined (errors, pending payments, rate limits), and any whose rows changed
+    since step 1 (a racing same-key re-send recorded it, the period moved). Calls
     ``hooks.during_record`` for each inside the transaction, after the writes. Raises the
     database's error (nothing written) and :class:`~hardcount.fencing.LeaseLost`.
     """
-    succeeded = [(p, r) for p, r in charged if r.outcome == gw.SUCCEEDED]
-    others = [(p, r) for p, r in charged if r.outcome != gw.SUCCEEDED]
-    if not succeeded:
+    taken = [(p, r) for p, r in charged if r.outcome in (gw.SUCCEEDED, gw.DECLINED)]
+    others = [(p, r) for p, r in charged if r.outcome not in (gw.SUCCEEDED, gw.DECLINED)]
+    if not taken:
         return {}, others
     outcomes: dict[str, Outcome] = {}
     with transaction.atomic(), outbox_services.deferred_events():
         fence.check()
         subs = locked_by_id(
             subscription_qs_select_for_update().select_related("price").prefetch_related("items__price"),
-            [p.plan.subscription_id for p, _ in succeeded],
+            [p.plan.subscription_id for p, _ in taken],
         )
-        invoices = locked_by_id(invoice_qs_select_for_update(), [p.plan.invoice_id for p, _ in succeeded])
-        attempts = locked_by_id(payment_attempt_qs_select_for_update(), [p.plan.attempt_id for p, _ in succeeded])
+        invoices = locked_by_id(invoice_qs_select_for_update(), [p.plan.invoice_id for p, _ in taken])
+        attempts = locked_by_id(payment_attempt_qs_select_for_update(), [p.plan.attempt_id for p, _ in taken])
         customers = locked_by_id(
             customer_qs_select_for_update(), [invoice.customer_id for invoice in invoices.values()]
         )
         now = billing_time(test_clock_id, as_of)
         completed_at = attempt_time(now, test_clock_id=test_clock_id, as_of=as_of)
         changed_customers: dict[str, Customer] = {}
-        recorded, changed_subs, rows = [], [], []
-        for prepared, result in succeeded:
+        recorded, changed_subs, rows, paid, declined = [], [], [], [], []
+        for prepared, result in taken:
             plan = prepared.plan
             sub, invoice = subs.get(plan.subscription_id), invoices.get(plan.invoice_id)
             attempt = attempts.get(plan.attempt_id)
@@ -306,7 +348,7 @@ def record_page(
                 and attempt is not None
                 and attempt.outcome == PaymentAttempt.UNKNOWN
                 and invoice.status == Invoice.OPEN
-                and invoice.attempt_count == 0
+                and invoice.attempt_count == 0  # so no dunning run yet: only a recorded decline opens one
                 and sub.status in PLAIN_STATUSES
                 and is_current_period(sub, invoice)
             ):
@@ -318,12 +360,22 @@ def record_page(
             apply_result(attempt, result, completed_at=completed_at)
             if result.payment_intent_id and not invoice.payment_intent_id:
                 invoice.payment_intent_id = result.payment_intent_id
-            mark_paid(invoice, now=now)
-            invoice_event(invoice, "invoice.paid", lines=prepared.lines, created_at=now)
-            if paid_changes(sub, invoice, other_open_invoices=False):
-                changed_subs.append(sub)
-                subscription_event(sub, "subscription.updated", created_at=now)
-            outcome = outcomes[sub.id] = Outcome(OutcomeKind.BILLED, invoice.id)
+            if result.outcome == gw.SUCCEEDED:
+                mark_paid(invoice, now=now)
+                paid.append(invoice)
+                invoice_event(invoice, "invoice.paid", lines=prepared.lines, created_at=now)
+                if paid_changes(sub, invoice, other_open_invoices=False):
+                    changed_subs.append(sub)
+                    subscription_event(sub, "subscription.updated", created_at=now)
+                outcome = Outcome(OutcomeKind.BILLED, invoice.id)
+            else:
+                invoice.attempt_count += 1
+                advanced, became_past_due = declined_changes(sub, invoice)
+                changed_subs.append(sub)  # past_due at least: it was trialing or active
+                declined_events(sub, advanced=advanced, became_past_due=became_past_due, now=now)
+                declined.append((prepared, invoice, result.decline_code, sub.test_clock_id))
+                outcome = Outcome(OutcomeKind.DECLINED, invoice.id, error=f"declined: {result.decline_code}")
+            outcomes[sub.id] = outcome
             if run is not None:
                 rows.append(
                     BillingAttempt(
@@ -331,13 +383,29 @@ def record_page(
                         subscription_id=sub.id,
                         invoice_id=invoice.id,
                         outcome=BillingAttempt.Outcome(outcome.kind),
+                        error=outcome.error[:2000],
                         created_at=now,
                     )
                 )
             recorded.append((invoice, attempt, outcome))
+        if declined:
+            # After the subscriptions' events, as record_outcome emits them, so invoice.payment_failed can say
+            # when the first retry is (Stripe's next_payment_attempt).
+            dunning_runs = dunning_services.start_dunning_for_first_declines(
+                [(invoice, code, clock_id) for _, invoice, code, clock_id in declined], declined_at=now
+            )
+            for (prepared, invoice, _, _), dunning_run in zip(declined, dunning_runs, strict=True):
+                invoice_event(
+                    invoice,
+                    "invoice.payment_failed",
+                    lines=prepared.lines,
+                    created_at=now,
+                    extra={"next_payment_attempt": iso(next_retry_at(dunning_run))},
+                )
         update_models(Customer, list(changed_customers.values()), ["gateway_customer_id", "gateway_payment_method"])
         update_models(PaymentAttempt, [attempt for _, attempt, _ in recorded], ATTEMPT_RESULT_FIELDS)
-        update_models(Invoice, [invoice for invoice, _, _ in recorded], [*PAID_FIELDS, "payment_intent_id"])
+        update_models(Invoice, paid, [*PAID_FIELDS, "payment_intent_id"])
+        update_models(Invoice, [invoice for _, invoice, _, _ in declined], ["attempt_count", "payment_intent_id"])
         update_models(Subscription, changed_subs, SUBSCRIPTION_PAID_FIELDS)
         insert_models(BillingAttempt, rows)
         if hooks.during_record:

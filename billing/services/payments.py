@@ -417,11 +417,23 @@ def settle_without_charge_locked(invoice: Invoice, customer: Customer, *, now: d
     latest = invoice.payment_attempts.order_by("-attempt_number").first()
     if invoice.amount_due > 0:
         carry_debit_locked(customer, invoice, at=now)
-    attempt = PaymentAttempt.objects.create(
+    attempt = settled_attempt(invoice, number=(latest.attempt_number if latest else 0) + 1, now=now)
+    attempt.save(force_insert=True)
+    invoice.status = Invoice.PAID
+    invoice.paid_at = now
+    invoice.save(update_fields=["status", "paid_at"])
+    invoice_event(invoice, "invoice.paid", created_at=now)
+    return attempt
+
+
+def settled_attempt(invoice: Invoice, *, number: int, now: datetime) -> PaymentAttempt:
+    """The attempt row (not saved) of an invoice settled without a call: ``succeeded``, ``settled_without_charge``,
+    for the invoice's ``amount_due`` (minor units, its currency), started and completed at ``now``."""
+    return PaymentAttempt(
         tenant_id=invoice.tenant_id,
         livemode=invoice.livemode,
         invoice=invoice,
-        attempt_number=(latest.attempt_number if latest else 0) + 1,
+        attempt_number=number,
         amount=invoice.amount_due,
         currency=invoice.currency,
         outcome=PaymentAttempt.SUCCEEDED,
@@ -429,11 +441,6 @@ def settle_without_charge_locked(invoice: Invoice, customer: Customer, *, now: d
         started_at=now,
         completed_at=now,
     )
-    invoice.status = Invoice.PAID
-    invoice.paid_at = now
-    invoice.save(update_fields=["status", "paid_at"])
-    invoice_event(invoice, "invoice.paid", created_at=now)
-    return attempt
 
 
 def needs_no_charge(invoice: Invoice) -> bool:
@@ -597,24 +604,37 @@ def act_on_declined_locked(
     ``past_due``, and the dunning run of the invoice (a declined invoice gets dunning,
     docs/reference/dunning.md#dunning-runs)."""
     if subscription is not None:
-        advanced = period_advances(subscription, invoice)
-        if advanced:
-            advance_period_locked(subscription, invoice)
-            clear_failure_state(subscription)
-        became_past_due = subscription.status in (Subscription.TRIALING, Subscription.ACTIVE)
-        if became_past_due:
-            subscription.status = Subscription.PAST_DUE
+        advanced, became_past_due = declined_changes(subscription, invoice)
         if advanced or became_past_due:
             subscription.save()
-        if became_past_due:
-            subscription_event(subscription, "subscription.past_due", created_at=now)
-        if advanced:
-            subscription_event(subscription, "subscription.updated", created_at=now)
+        declined_events(subscription, advanced=advanced, became_past_due=became_past_due, now=now)
     run = dunning_services.start_dunning(invoice, declined_at=now, decline_code=decline_code)
     if subscription is not None and subscription.status == Subscription.CANCELED:
         # A cancel that landed while this charge was in flight: nothing more is collected, as for a run of a
         # subscription canceled later (the dunning pass's subscription_canceled end).
         dunning_services.subscription_canceled_locked(run.id, at=now)
+
+
+def declined_changes(subscription: Subscription, invoice: Invoice) -> tuple[bool, bool]:
+    """Apply a declined invoice to the subscription in memory; ``(advanced, became_past_due)`` (save it when
+    either is true, then :func:`declined_events`). The current period advances (the invoice stays open) and
+    the failure state clears; ``trialing`` or ``active`` becomes ``past_due``."""
+    advanced = period_advances(subscription, invoice)
+    if advanced:
+        advance_period_locked(subscription, invoice)
+        clear_failure_state(subscription)
+    became_past_due = subscription.status in (Subscription.TRIALING, Subscription.ACTIVE)
+    if became_past_due:
+        subscription.status = Subscription.PAST_DUE
+    return advanced, became_past_due
+
+
+def declined_events(subscription: Subscription, *, advanced: bool, became_past_due: bool, now: datetime) -> None:
+    """The events of :func:`declined_changes`: ``subscription.past_due``, then ``subscription.updated``."""
+    if became_past_due:
+        subscription_event(subscription, "subscription.past_due", created_at=now)
+    if advanced:
+        subscription_event(subscription, "subscription.updated", created_at=now)
 
 
 def act_on_pending_locked(subscription: Subscription | None, invoice: Invoice, *, now: datetime) -> None:

@@ -35,7 +35,7 @@ from billing.services import page as page_module
 from billing.services.drain import drain_due
 from devstack.seed import seed_demo_book
 from dunning.models import DunningRun
-from hardcount.times import database_now
+from hardcount.times import database_now, iso
 from outbox.models import Delivery, Event, WebhookEndpoint
 
 BOOK = 160
@@ -317,6 +317,7 @@ def test_the_page_close_writes_what_the_per_close_path_writes(book, stripe_proxy
     kinds = Counter(a[6] for a in got["payment attempts"])
     assert kinds["succeeded"] > 100 and kinds["declined"] > 0 and kinds["error"] > 0, kinds
     assert sum(1 for e in got["ledger"] if e[3] == "applied_to_invoice") > 0  # credit applied in the page close
+    assert sum(1 for a in got["payment attempts"] if a[10]) > 0  # invoices of 0 settled without a charge
     discounted = [i for i in got["invoices"] if i[6]]
     assert len(discounted) > 20 and len({i[5] for i in discounted}) > 10, discounted  # discounts of every kind
     for part in expected:
@@ -367,3 +368,88 @@ def test_a_page_step_that_fails_hands_its_closes_to_the_per_close_path(book, ten
     assert {s.id for s in subs} == set(Subscription.objects.filter(periods_billed=1).values_list("id", flat=True))
     numbers = sorted(int(n) for n in Invoice.objects.values_list("number", flat=True))
     assert numbers == list(range(1, 13))  # the rolled-back page gave its numbers back
+
+
+def test_declined_first_charges_are_recorded_in_the_page_step_with_their_dunning_runs(
+    book, tenant, settings, monkeypatch
+):
+    """A page's declines take its one step 3 too, not a transaction each; what they write is the per-close path's
+    (the differential test above compares every row and event of a book with declines in it)."""
+    from billing.services import close as close_module
+    from tests.billing.conftest import DECLINING_CARD
+
+    price = book.price(tenant, amount=2500)
+    paying = [book.subscription(book.customer(tenant), price) for _ in range(4)]
+    declining = [book.subscription(book.customer(tenant, card=DECLINING_CARD), price) for _ in range(4)]
+    per_close_records = []
+    real_record = close_module.record_outcome
+
+    def counted(plan, result, **kw):
+        per_close_records.append(result.outcome)
+        return real_record(plan, result, **kw)
+
+    monkeypatch.setattr(close_module, "record_outcome", counted)
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = True
+    run = _drain(tenant, concurrency=3)
+
+    assert per_close_records == []  # without the page's decline path: four 'declined' here
+    assert Counter(BillingAttempt.objects.filter(run=run).values_list("outcome", flat=True)) == {
+        "billed": 4,
+        "declined": 4,
+    }
+    for sub in declining:
+        sub.refresh_from_db()
+        invoice = Invoice.objects.get(subscription=sub)
+        assert (sub.status, sub.periods_billed, invoice.status, invoice.attempt_count) == ("past_due", 1, "open", 1)
+        dunning = DunningRun.objects.get(invoice=invoice)
+        assert (dunning.status, dunning.retries_done, dunning.last_decline_code) == ("active", 0, "generic_decline")
+        failed = Event.objects.get(type="invoice.payment_failed", data__id=invoice.id)
+        assert failed.data["next_payment_attempt"] == iso(dunning.next_attempt_at)
+        assert [e.type for e in Event.objects.filter(data__id=sub.id).order_by("sequence")][-2:] == [
+            "subscription.past_due",
+            "subscription.updated",
+        ]
+    assert {s.id for s in paying} == set(Subscription.objects.filter(status="active").values_list("id", flat=True))
+
+
+def test_a_page_settles_invoices_of_nothing_in_its_first_step(book, tenant, settings, monkeypatch):
+    """An invoice the customer's credit covers is paid without a call in step 1, with the page's other closes:
+    no close of its own (as the per-close path would settle it; the differential test compares what is written)."""
+    from billing.services import drain as drain_module
+    from billing.services.ledger import grant_credit
+
+    price = book.price(tenant, amount=2500)
+    paying = [book.subscription(book.customer(tenant), price) for _ in range(3)]
+    covered = [book.subscription(book.customer(tenant), price) for _ in range(3)]
+    for sub in covered:
+        grant_credit(sub.customer_id, tenant_id=tenant.id, livemode=False, amount=10_000)
+    per_close = []
+    real_close = drain_module.close_subscription_period
+
+    def counted(subscription_id, **kw):
+        per_close.append(subscription_id)
+        return real_close(subscription_id, **kw)
+
+    monkeypatch.setattr(drain_module, "close_subscription_period", counted)
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = True
+    run = _drain(tenant, concurrency=3)
+
+    assert per_close == []  # without the page's settling: the three covered subscriptions here
+    assert (run.attempted, run.billed, run.failed) == (6, 6, 0)
+    for sub in covered:
+        sub.refresh_from_db()
+        invoice = Invoice.objects.get(subscription=sub)
+        assert (invoice.status, invoice.total, invoice.credit_applied, invoice.amount_due) == ("paid", 2500, 2500, 0)
+        assert (invoice.amount_paid, invoice.attempt_count) == (0, 0)
+        (attempt,) = PaymentAttempt.objects.filter(invoice=invoice)
+        assert (attempt.outcome, attempt.settled_without_charge, attempt.amount) == ("succeeded", True, 0)
+        assert (sub.status, sub.periods_billed) == ("active", 1)
+        assert [e.type for e in Event.objects.filter(data__id=invoice.id).order_by("sequence")] == [
+            "invoice.created",
+            "invoice.finalized",
+            "invoice.paid",
+        ]
+        assert Customer.objects.get(pk=sub.customer_id).credit_balance == 10_000 - 2500
+    assert Counter(
+        PaymentAttempt.objects.filter(invoice__subscription__in=paying).values_list("outcome", flat=True)
+    ) == {"succeeded": 3}

@@ -180,7 +180,7 @@ def test_a_pause_between_the_claim_and_the_close_stops_the_charge_on_both_close_
     _pause(sub, "void")
 
     with charging():
-        prepared, others = prepare_page([claimed], as_of=None, test_clock_id=None, fence=NO_FENCE)
+        prepared, _settled, others = prepare_page([claimed], as_of=None, test_clock_id=None, fence=NO_FENCE)
     assert (prepared, others) == ([], [claimed])  # the page close's lock asks the one due predicate
     outcome = close_subscription_period(sub.id, periods_billed=claimed[1], run=None)
     assert outcome.kind == OutcomeKind.SKIPPED  # and so does the per-close re-lock
