@@ -76,6 +76,7 @@ from billing.services.payments import (
     OutcomeKind,
     apply_result,
     attempt_time,
+    billing_attempt_row,
     billing_time,
     declined_changes,
     declined_events,
@@ -217,15 +218,7 @@ def prepare_page(
                     subscription_event(sub, "subscription.updated", created_at=now)
                 settled[sub.id] = Outcome(OutcomeKind.BILLED, invoice.id)
                 if run is not None:
-                    rows.append(
-                        BillingAttempt(
-                            run=run,
-                            subscription_id=sub.id,
-                            invoice_id=invoice.id,
-                            outcome=BillingAttempt.Outcome.BILLED,
-                            created_at=now,
-                        )
-                    )
+                    rows.append(billing_attempt_row(run, sub.id, settled[sub.id], now=now))
                 continue
             attempt = new_attempt(invoice, customer, number=1, now=attempted_at)
             attempts.append(attempt)
@@ -377,16 +370,7 @@ def record_page(
                 outcome = Outcome(OutcomeKind.DECLINED, invoice.id, error=f"declined: {result.decline_code}")
             outcomes[sub.id] = outcome
             if run is not None:
-                rows.append(
-                    BillingAttempt(
-                        run=run,
-                        subscription_id=sub.id,
-                        invoice_id=invoice.id,
-                        outcome=BillingAttempt.Outcome(outcome.kind),
-                        error=outcome.error[:2000],
-                        created_at=now,
-                    )
-                )
+                rows.append(billing_attempt_row(run, sub.id, outcome, now=now))
             recorded.append((invoice, attempt, outcome))
         if declined:
             # After the subscriptions' events, as record_outcome emits them, so invoice.payment_failed can say

@@ -695,7 +695,14 @@ def write_billing_attempt(
     """The run's history row for one subscription (inside the caller's transaction)."""
     if run is None:
         return None
-    return BillingAttempt.objects.create(
+    row = billing_attempt_row(run, subscription_id, outcome, now=now)
+    row.save(force_insert=True)
+    return row
+
+
+def billing_attempt_row(run: BillingRun, subscription_id: str, outcome: Outcome, *, now: datetime) -> BillingAttempt:
+    """The run's history row for one subscription's :class:`Outcome` (not saved; the error cut to 2,000 characters)."""
+    return BillingAttempt(
         run=run,
         subscription_id=subscription_id,
         invoice_id=outcome.invoice_id,
