@@ -23,6 +23,7 @@ from django.db.models.expressions import RawSQL
 
 from billing.models import Subscription
 from billing.shards import Shard
+from hardcount.bulk import array_literal
 
 # docs/reference/billing.md: failure k (1..7) waits LADDER[k-1] after the failure; failure 8 parks.
 LADDER: tuple[timedelta, ...] = (
@@ -478,12 +479,6 @@ def _identifier(row: dict) -> str:
     return row["identifier"]
 
 
-def text_array(values) -> str:
-    """PostgreSQL's text form of an array of the texts ``values``, each element double-quoted (so ``NULL``, commas
-    and braces are plain text), ``\\`` and ``"`` escaped."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "}"
-
-
 def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:
     """Delete at most ``limit`` guard rows of meter events taken more than ``retention`` before the database's now(),
     oldest first (the ``created_at`` index); the number deleted (docs/decisions/0219)."""
@@ -515,7 +510,7 @@ def ingest_meters(tenant_id: str, livemode: bool, names: set[str]) -> dict[str, 
         cursor.execute(
             "SELECT event_name, id, formula, customer_key, value_key FROM billing_meter"
             " WHERE tenant_id = %s AND livemode = %s AND event_name = ANY(%s)",
-            [tenant_id, livemode, text_array(names)],
+            [tenant_id, livemode, array_literal(names)],
         )
         return {name: IngestMeter(*rest) for name, *rest in cursor.fetchall()}
 
@@ -532,7 +527,7 @@ def ingest_customers(tenant_id: str, livemode: bool, ids: set[str]) -> dict[str,
         cursor.execute(
             "SELECT id, test_clock_id, NULLIF(usage_billed_until, '{}'::jsonb)::text FROM billing_customer"
             " WHERE tenant_id = %s AND livemode = %s AND id = ANY(%s)",
-            [tenant_id, livemode, text_array(ids)],
+            [tenant_id, livemode, array_literal(ids)],
         )
         return {id_: (clock, billed) for id_, clock, billed in cursor.fetchall()}
 

@@ -212,6 +212,7 @@ def drain_due(
                                 as_of=as_of,
                                 test_clock_id=test_clock_id,
                                 fence=fence,
+                                background=depth > 1,
                             )
                         )
                     elif cursor is not None and lap_claimed:
@@ -394,10 +395,12 @@ def _finish_run(run: BillingRun, status: str, fence: Fence, *, error: str = "") 
 @dataclass
 class _Page:
     """A page under way: its claimed ``items``; each task is ``("send", PreparedClose, Pending)`` or
-    ``("close", item, Pending)``."""
+    ``("close", item, Pending)``. Started in the background, ``tasks`` is None and ``started`` the
+    :class:`Pending` of step 1, whose result is the tasks (or the exception step 1's thread met)."""
 
     items: list[tuple[str, int]]
-    tasks: list[tuple[str, object, Pending]]
+    tasks: list[tuple[str, object, Pending]] | None
+    started: Pending | None = None
 
 
 def _start_page(
@@ -410,14 +413,41 @@ def _start_page(
     as_of: datetime | None,
     test_clock_id: str | None,
     fence: Fence,
+    background: bool,
 ) -> _Page:
     """Start closing every claimed ``(subscription id, periods_billed)`` of a page; :func:`_finish_page` ends it.
 
     Plain closes share their step 1 (:mod:`billing.services.page`, unless
-    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off), here, and their charges go to ``charges`` (bound to
-    their accounts on this connection first); every other close runs on ``pool`` with the full
-    rules. A database error (or a bug) in step 1 hands its closes to the per-close path instead.
+    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off), and their charges go to ``charges`` (bound to their
+    accounts on step 1's connection first); every other close runs on ``pool`` with the full rules.
+    A database error (or a bug) in step 1 hands its closes to the per-close path instead.
+    ``background``: step 1 runs on one of ``pool``'s threads, so the drain's thread records the
+    page before while this one is prepared (decision 0228); otherwise here and now (a test clock's
+    drain, whose charge locks live on this thread's session).
     """
+
+    def start(_: object = None) -> list[tuple[str, object, Pending]]:
+        return _start_page_tasks(
+            page, pool, charges, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
+        )
+
+    if background:
+        return _Page(page, None, pool.submit(start, None))
+    return _Page(page, start())
+
+
+def _start_page_tasks(
+    page: list[tuple[str, int]],
+    pool: _ClosePool,
+    charges: ChargePool,
+    close: Callable[[tuple[str, int]], Outcome],
+    *,
+    run: BillingRun,
+    as_of: datetime | None,
+    test_clock_id: str | None,
+    fence: Fence,
+) -> list[tuple[str, object, Pending]]:
+    """Step 1 of a page and the start of its sends and per-close closes (:func:`_start_page`); the page's tasks."""
     prepared, settled, others = [], {}, page
     if settings.HARDCOUNT_BILLING_PAGE_CLOSE:
         try:
@@ -453,7 +483,7 @@ def _start_page(
             done.set_result(settled[item[0]])
             tasks.append(("close", item, done))
     tasks += [("close", item, pool.submit(close, item)) for item in others]
-    return _Page(page, tasks)
+    return tasks
 
 
 def _finish_page(
@@ -472,8 +502,13 @@ def _finish_page(
     step 3 hands its charges to the per-close record instead. Lost lease: nothing more is written
     once a send saw it (the results say so).
     """
+    tasks = page.tasks
+    if page.started is not None:
+        tasks = page.started.result()
+        if isinstance(tasks, BaseException):  # a lost lease, or a bug: the drain's thread decides
+            return [tasks]
     results, charged = [], []
-    for kind, value, pending in page.tasks:
+    for kind, value, pending in tasks:
         result = pending.result()
         if kind == "send" and not isinstance(result, BaseException):
             charged.append((value, result))
@@ -519,6 +554,7 @@ class _ClosePool:
         self.size = size
         self._tasks: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._starting = threading.Lock()
 
     def _worker(self) -> None:
         try:
@@ -549,10 +585,11 @@ class _ClosePool:
         return pending
 
     def _start_threads(self, wanted: int) -> None:
-        while len(self._threads) < min(self.size, wanted):
-            thread = threading.Thread(target=self._worker, name=f"billing-close-{len(self._threads)}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        with self._starting:  # a page's step 1 submits its closes from a worker too
+            while len(self._threads) < min(self.size, wanted):
+                thread = threading.Thread(target=self._worker, name=f"billing-close-{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
     def map(self, fn: Callable, items: list) -> list:
         if self.size == 1:
