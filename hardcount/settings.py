@@ -364,7 +364,7 @@ HARDCOUNT_BILLING_SHARDS = _env_int("HARDCOUNT_BILLING_SHARDS", 1)
 # (billing.services.charge_pool; docs/decisions/0186).
 HARDCOUNT_BILLING_CHARGES_IN_FLIGHT = _env_int("HARDCOUNT_BILLING_CHARGES_IN_FLIGHT", 128)
 # Drain pages under way at once: the next is claimed and prepared while this one's charges are out (0188).
-HARDCOUNT_BILLING_PAGES_IN_FLIGHT = _env_int("HARDCOUNT_BILLING_PAGES_IN_FLIGHT", 2)
+HARDCOUNT_BILLING_PAGES_IN_FLIGHT = _env_int("HARDCOUNT_BILLING_PAGES_IN_FLIGHT", 3)
 # Requests a second one gateway account takes (billing.gateway_accounts.requests_per_s): unset, Stripe's
 # limits when charging Stripe itself and none for another gateway; 0 for none.
 HARDCOUNT_GATEWAY_REQUESTS_PER_S = (
