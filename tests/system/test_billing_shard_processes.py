@@ -111,9 +111,11 @@ def doctor_failures() -> dict[str, list[str]]:
 def test_two_replicas_each_lead_one_shard_bill_the_book_once_and_a_dead_ones_shard_is_taken_over(
     shard_replicas, stripe_proxy, make_card
 ):
-    book = sharded_book(make_card, per_shard=40)
+    book = sharded_book(make_card, per_shard=60)
     everything = book[0] + book[1]
-    stripe_proxy.fail_next("delay", times=10_000, match="POST /v1/payment_intents", delay_s=0.4)
+    # Slow enough (under the 1 s gateway timeout) that shard 0's drain, three pages of 5 in flight, outlasts the
+    # gap between the two leaders' starts.
+    stripe_proxy.fail_next("delay", times=10_000, match="POST /v1/payment_intents", delay_s=0.7)
     first, second = shard_replicas(2)
 
     assert wait_until(lambda: all(holders().values()), timeout_s=30), holders()
