@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+import psycopg
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField
@@ -460,19 +461,26 @@ def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now
     params = {"tenant": tenant_id, "livemode": livemode, "rows": json.dumps(rows, separators=(",", ":")), "now": now}
     # savepoint=False: no savepoint of Django's inside a caller's transaction (ours is below); a transaction of its
     # own when called in autocommit.
-    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+    with transaction.atomic(savepoint=False):
         try:
-            # The savepoint and its release travel with the statement: one round trip, where Django's atomic() makes
-            # three. On an error the savepoint is still open (the release never ran) and is rolled back to below;
-            # any other error leaves it to the caller's transaction, which rolls back whole.
-            cursor.execute(f"SAVEPOINT meter_events; {INSERT_METER_EVENTS}; RELEASE SAVEPOINT meter_events", params)
+            # The batch is a bound parameter (no rendering into the statement's text, no parsing of a 200 kB literal
+            # there), and the savepoint and its release travel with the statement in one pipeline: one round trip,
+            # where Django's atomic() makes three. On an error the pipeline stops at the failed statement, so the
+            # savepoint is still open and is rolled back to below; any other error leaves it to the caller's
+            # transaction, which rolls back whole (decision 0229).
+            with connection.connection.pipeline(), bound_cursor() as cursor:
+                cursor.execute("SAVEPOINT meter_events")
+                cursor.execute(INSERT_METER_EVENTS, params)
+                cursor.execute("RELEASE SAVEPOINT meter_events")
             return set()
-        except IntegrityError as exc:
-            if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != METER_EVENT_GUARD_KEY:
+        except (IntegrityError, psycopg.IntegrityError) as exc:
+            diag = getattr(exc, "diag", None) or getattr(exc.__cause__, "diag", None)
+            if getattr(diag, "constraint_name", None) != METER_EVENT_GUARD_KEY:
                 raise
-        cursor.execute("ROLLBACK TO SAVEPOINT meter_events; RELEASE SAVEPOINT meter_events")
-        cursor.execute(INSERT_METER_EVENTS_ADMITTED, params)
-        return {row[0] for row in cursor.fetchall()}
+        with connection.cursor() as cursor:
+            cursor.execute("ROLLBACK TO SAVEPOINT meter_events; RELEASE SAVEPOINT meter_events")
+            cursor.execute(INSERT_METER_EVENTS_ADMITTED, params)
+            return {row[0] for row in cursor.fetchall()}
 
 
 def _identifier(row: dict) -> str:
