@@ -469,7 +469,7 @@ def final_usage_invoice_locked(
 # -- Meter events -----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class EventResult:
     """One event of a batch: ``accepted`` (stored now), ``duplicate`` (its identifier was stored before: not
     counted again) or ``refused`` (``error``: ``{"code", "message", "param"}``; nothing stored)."""
@@ -612,7 +612,7 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
                 row["created_at"] = at.isoformat()
             rows.append(row)
             stored = (event_name, payload, timestamp or at, at)
-            results.append(EventResult(index, identifier, "accepted", row=stored, livemode=livemode))
+            results.append(EventResult(index, identifier, "accepted", None, stored, livemode))
         stored_before = insert_meter_events(tenant_id=tenant_id, livemode=livemode, rows=rows, now=now)
         if stored_before:
             for result in results:
@@ -640,7 +640,42 @@ _INT_LOW, _INT_HIGH = -(10**499), 10**500
 
 
 def _shape(index: int, raw) -> tuple | EventResult:
-    """An event's fields checked on their own: ``(event_name, payload, timestamp or None, identifier or None)``."""
+    """An event's fields checked on their own: ``(event_name, payload, timestamp or None, identifier or None)``,
+    or its refusal.
+
+    A well-formed event, the usual case, is recognised by one conjunction of exact-type checks; anything else
+    (including every event this refuses) goes through :func:`_shape_checked`, which names the first fault. Both
+    accept exactly the same events (decision 0229; ``tests/billing/test_usage_limits.py`` holds the refusals).
+    """
+    if type(raw) is dict and _EVENT_KEYS.issuperset(raw):
+        name = raw.get("event_name")
+        payload = raw.get("payload")
+        identifier = raw.get("identifier", _ABSENT)
+        given = raw.get("timestamp")
+        timestamp = None if given is None else _timestamp(given)
+        if (
+            _plain_name(name)
+            and type(payload) is dict
+            and (identifier is _ABSENT or _plain_name(identifier))
+            and (timestamp is not None or given is None)
+        ):
+            payload = _checked_payload(payload)
+            if payload is not None:
+                return (name, payload, timestamp, None if identifier is _ABSENT else identifier)
+    return _shape_checked(index, raw)
+
+
+_ABSENT = object()
+
+
+def _plain_name(value) -> bool:
+    """A string of 1 to 100 ASCII characters without NUL: an ``event_name`` or ``identifier`` that needs no
+    further check (a longer check of other text is :func:`_shape_checked`'s)."""
+    return type(value) is str and 0 < len(value) <= 100 and value.isascii() and "\x00" not in value
+
+
+def _shape_checked(index: int, raw) -> tuple | EventResult:
+    """:func:`_shape`'s every case, each fault checked in turn and the first one refused."""
     identifier = raw.get("identifier") if isinstance(raw, dict) else None
     # Echoed in the batch's results: text that cannot be stored cannot be rendered back either (a lone surrogate).
     # _storable, not storable_text: ASCII, the usual case, is known storable without encoding it (decision 0215).
@@ -684,25 +719,31 @@ def _shape(index: int, raw) -> tuple | EventResult:
 def _checked_payload(payload: dict) -> dict | None:
     """``payload`` with its integral numbers as ``int`` (:func:`_json_integer`), or None unless it has at most 50
     keys of up to 100 characters, each value a string or integer of up to 500 characters, all text storable
-    (:func:`hardcount.errors.storable_text`). One pass; ASCII text, the usual case, needs no encoding to check."""
+    (:func:`hardcount.errors.storable_text`). One pass; ASCII text, the usual case, needs no encoding to check.
+    The same dict is returned when nothing needs converting (the usual case): a copy per event cost a batch of
+    1,000 about half a millisecond (decision 0229)."""
     if len(payload) > 50:
         return None
-    checked = {}
-    for key, raw in payload.items():
+    converted = None
+    for key, value in payload.items():
         if type(key) is not str or len(key) > 100 or not _storable(key):
             return None
         # Exact types (what the JSON parser makes; a bool is not an int here): cheaper than isinstance of a union.
-        value, kind = raw, type(raw)
+        kind = type(value)
         if kind is str:
             if len(value) > 500 or not _storable(value):
                 return None
-        else:
-            if kind is float and value.is_integer():
-                value, kind = int(value), int
-            if kind is not int or not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
+        elif kind is int:
+            if not _INT_LOW < value < _INT_HIGH:  # len(str(value)) <= 500, its sign included
                 return None
-        checked[key] = value
-    return checked
+        elif kind is float and value.is_integer() and _INT_LOW < int(value) < _INT_HIGH:
+            if converted is None:
+                converted = {}
+            converted[key] = int(value)
+        else:
+            return None
+    # Updating keys keeps their places, so the stored payload keeps the sender's order.
+    return payload if converted is None else {**payload, **converted}
 
 
 def _storable(text: str) -> bool:

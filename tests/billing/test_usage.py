@@ -944,3 +944,62 @@ def test_each_formula_under_each_charge_model_on_one_invoice_against_hand_comput
         prices["unique_count"].id: (3, 3 * 100),
     }
     assert february.total == 1000 + 45 + 52 + 40 + 500 + 300
+
+
+def _shapes() -> list:
+    """Events of every shape the batch endpoint can be sent: well-formed ones (with and without an identifier or a
+    timestamp, non-ASCII text, integral floats) and each fault, alone."""
+    good = {"event_name": "api_calls", "payload": {"stripe_customer_id": "cus_1", "value": 3}}
+    variants = [
+        {},
+        {"identifier": "req-1"},
+        {"identifier": "ré-1"},
+        {"timestamp": 1_800_000_000},
+        {"timestamp": 1_800_000_000.0},
+        {"timestamp": "2027-01-01T00:00:00Z"},
+        {"timestamp": "2027-01-01T00:00:00"},
+        {"timestamp": None},
+        {"timestamp": True},
+        {"timestamp": -1},
+        {"identifier": None},
+        {"identifier": ""},
+        {"identifier": "x" * 100},
+        {"identifier": "x" * 101},
+        {"identifier": 7},
+        {"identifier": "x\x00"},
+        {"identifier": "\ud800"},
+        {"event_name": ""},
+        {"event_name": "é" * 100},
+        {"event_name": "e" * 101},
+        {"event_name": None},
+        {"event_name": "api\x00calls"},
+        {"payload": {}},
+        {"payload": {"v": 2.0}},
+        {"payload": {"v": 2.5}},
+        {"payload": {"v": True}},
+        {"payload": {"v": None}},
+        {"payload": {"v": [1]}},
+        {"payload": {"v": "é"}},
+        {"payload": {"v": "x" * 501}},
+        {"payload": {"k" * 101: 1}},
+        {"payload": {f"k{n}": n for n in range(51)}},
+        {"payload": {"v": 10**500}},
+        {"payload": {"v": 1e300}},
+        {"payload": "not an object"},
+        {"colour": "blue"},
+    ]
+    return [{**good, **variant} for variant in variants] + ["not an object", None, [good]]
+
+
+@pytest.mark.parametrize("raw", _shapes())
+def test_the_fast_shape_check_agrees_with_the_full_one_on_every_shape(raw):
+    """The usual event is recognised by a short check (decision 0229); whatever it accepts or leaves to the full
+    check, the outcome is the full check's own: the same fields, or the same refusal."""
+    assert usage._shape(4, raw) == usage._shape_checked(4, raw)
+
+
+def test_negative_control_a_fast_check_that_takes_any_identifier_disagrees(monkeypatch):
+    monkeypatch.setattr(usage, "_plain_name", lambda value: True)
+    raw = {"event_name": "api_calls", "payload": {"v": 2}, "identifier": 7}
+    assert usage._shape(0, raw) == ("api_calls", {"v": 2}, None, 7)
+    assert usage._shape_checked(0, raw).status == "refused"
