@@ -104,7 +104,9 @@ class MeterEventIdentifier(models.Model):
         "hardcount.Tenant", on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
     )
     livemode = models.BooleanField()
-    identifier = models.CharField(max_length=100)
+    # Compared byte by byte: an identifier is opaque, and the primary key's comparisons skip the locale's collation
+    # routine (decision 0229). Equality is the same under any deterministic collation.
+    identifier = models.CharField(max_length=100, db_collation="C")
     event_id = models.CharField(max_length=40)
     event_timestamp = models.DateTimeField()
     # When the identifier was taken, on the database's clock (never a test clock's): the pruning reads it (0219).
