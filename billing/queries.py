@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import NamedTuple
 
 import psycopg
@@ -394,14 +395,16 @@ def usage_hold_locked() -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [USAGE_INGEST_LOCK])
 
 
-# The batch's rows as a relation: one JSON parameter, the billing time ``now`` the default of both instants.
+# The batch's rows as a relation: one JSON parameter, an array of arrays (:func:`insert_meter_events`), the billing
+# time ``now`` the default of both instants. Arrays, not objects: half the text to encode and parse, and each field
+# taken by its position (decision 0229).
 _METER_EVENT_INPUT = """
     WITH input AS (
-        SELECT i.id, i.identifier, i.event_name, i.customer_id, i.value, i.payload,
-               COALESCE(i.ts, i.created_at, %(now)s) AS ts, COALESCE(i.created_at, %(now)s) AS created_at
-        FROM jsonb_to_recordset(%(rows)s::jsonb)
-            AS i(id text, identifier text, event_name text, customer_id text, value bigint, payload jsonb,
-                 ts timestamptz, created_at timestamptz)
+        SELECT r ->> 0 AS id, r ->> 1 AS identifier, r ->> 2 AS event_name, r ->> 3 AS customer_id,
+               (r ->> 4)::bigint AS value, r -> 5 AS payload,
+               COALESCE((r ->> 6)::timestamptz, (r ->> 7)::timestamptz, %(now)s) AS ts,
+               COALESCE((r ->> 7)::timestamptz, %(now)s) AS created_at
+        FROM jsonb_array_elements(%(rows)s::jsonb) AS r
     )"""
 
 # The usual case, a batch none of whose identifiers was stored before: every guard row and every event inserted by a
@@ -441,11 +444,11 @@ INSERT_METER_EVENTS_ADMITTED = f"""{_METER_EVENT_INPUT}, admitted AS (
 METER_EVENT_GUARD_KEY = "billing_metereventidentifier_pkey"
 
 
-def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now: datetime) -> set[str]:
+def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[tuple], now: datetime) -> set[str]:
     """Insert a batch of meter events; the identifiers not inserted (stored before: duplicates), usually none.
 
-    ``rows``: ``{"id", "identifier", "event_name", "customer_id", "value" (int or None), "payload" (a dict),
-    "ts"?, "created_at"?}`` (ISO 8601 texts; ``created_at`` defaults to ``now``, ``ts`` to ``created_at``),
+    ``rows``: ``(id, identifier, event_name, customer_id, value (int or None), payload (a dict)[, ts, created_at])``
+    (the two instants ISO 8601 texts or None; ``created_at`` defaults to ``now``, ``ts`` to ``created_at``),
     identifiers distinct within the batch. Each event is admitted by its identifier's row in the guard, whose
     primary key (tenant, livemode, identifier) no two events share, whichever connection inserts them: so no
     event is ever stored twice. First INSERT_METER_EVENTS, plain inserts under a savepoint (the usual batch has
@@ -457,7 +460,7 @@ def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now
     """
     if not rows:
         return set()
-    rows.sort(key=_identifier)
+    rows.sort(key=_IDENTIFIER)
     params = {"tenant": tenant_id, "livemode": livemode, "rows": json.dumps(rows, separators=(",", ":")), "now": now}
     # savepoint=False: no savepoint of Django's inside a caller's transaction (ours is below); a transaction of its
     # own when called in autocommit.
@@ -483,8 +486,7 @@ def insert_meter_events(*, tenant_id: str, livemode: bool, rows: list[dict], now
             return {row[0] for row in cursor.fetchall()}
 
 
-def _identifier(row: dict) -> str:
-    return row["identifier"]
+_IDENTIFIER = itemgetter(1)
 
 
 def prune_meter_event_identifiers(retention: timedelta, limit: int) -> int:

@@ -598,18 +598,9 @@ def record_meter_events(*, tenant_id: str, livemode: bool, events: list) -> list
                 continue
             seen.add(identifier)
             # The billing time, the default of both instants, is the statement's parameter: sent once, not per row.
-            row = {
-                "id": event_id,
-                "identifier": identifier,
-                "event_name": event_name,
-                "customer_id": customer_id,
-                "value": value,
-                "payload": payload,
-            }
-            if timestamp is not None:
-                row["ts"] = timestamp.isoformat()
-            if clock:
-                row["created_at"] = at.isoformat()
+            row = (event_id, identifier, event_name, customer_id, value, payload)
+            if timestamp is not None or clock:
+                row += (timestamp and timestamp.isoformat(), at.isoformat() if clock else None)
             rows.append(row)
             stored = (event_name, payload, timestamp or at, at)
             results.append(EventResult(index, identifier, "accepted", None, stored, livemode))

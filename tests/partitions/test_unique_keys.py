@@ -149,11 +149,8 @@ def test_one_meter_event_per_identifier_across_partitions(tenant):
     customer = rows.subscription(tenant).customer_id
     now = datetime.now(UTC)
 
-    def event(at: datetime) -> dict:
-        return {
-            "id": id_at("mev", now), "identifier": "req-1", "event_name": "api", "customer_id": customer,
-            "value": 1, "payload": {}, "ts": at.isoformat(), "created_at": now.isoformat(),
-        }  # fmt: skip
+    def event(at: datetime) -> tuple:
+        return (id_at("mev", now), "req-1", "api", customer, 1, {}, at.isoformat(), now.isoformat())
 
     # The identifiers not inserted (seen before): none the first time.
     assert insert_meter_events(tenant_id=tenant.id, livemode=False, rows=[event(now)], now=now) == set()
@@ -167,7 +164,7 @@ def test_one_meter_event_per_identifier_across_partitions(tenant):
     execute(
         "INSERT INTO billing_meterevent (id, tenant_id, livemode, event_name, customer_id, identifier, value, "
         "payload, timestamp, created_at) VALUES (%s, %s, false, 'api', %s, 'req-1', 1, '{}', %s, %s)",
-        [second["id"], tenant.id, customer, second["ts"], now],
+        [second[0], tenant.id, customer, second[6], now],
     )
     assert count("billing_meterevent", "identifier = 'req-1'") == 2
     assert len(partition_of("billing_meterevent", "identifier = 'req-1'")) == 2
