@@ -25,6 +25,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
@@ -202,19 +203,19 @@ def drain_due(
                     if claimed:
                         cursor, lap_claimed = (claimed[-1][2], claimed[-1][0]), True
                         run.pages += 1
-                        in_flight.append(
-                            _start_page(
-                                [(row[0], row[1]) for row in claimed],
-                                pool,
-                                charges,
-                                close,
-                                run=run,
-                                as_of=as_of,
-                                test_clock_id=test_clock_id,
-                                fence=fence,
-                                background=depth > 1,
-                            )
+                        items = [(row[0], row[1]) for row in claimed]
+                        tasks = partial(
+                            _start_page_tasks,
+                            items,
+                            pool,
+                            charges,
+                            close,
+                            run=run,
+                            as_of=as_of,
+                            test_clock_id=test_clock_id,
+                            fence=fence,
                         )
+                        in_flight.append(_start_page(items, pool, tasks, background=depth > 1))
                     elif cursor is not None and lap_claimed:
                         # The next lap starts once the pages in flight are recorded and their still-due rows marked.
                         cursor, lap_claimed, lap_ends = None, False, True
@@ -406,34 +407,24 @@ class _Page:
 def _start_page(
     page: list[tuple[str, int]],
     pool: _ClosePool,
-    charges: ChargePool,
-    close: Callable[[tuple[str, int]], Outcome],
+    tasks: Callable[[], list[tuple[str, object, Pending]]],
     *,
-    run: BillingRun,
-    as_of: datetime | None,
-    test_clock_id: str | None,
-    fence: Fence,
     background: bool,
 ) -> _Page:
     """Start closing every claimed ``(subscription id, periods_billed)`` of a page; :func:`_finish_page` ends it.
 
-    Plain closes share their step 1 (:mod:`billing.services.page`, unless
-    ``HARDCOUNT_BILLING_PAGE_CLOSE`` is off), and their charges go to ``charges`` (bound to their
-    accounts on step 1's connection first); every other close runs on ``pool`` with the full rules.
-    A database error (or a bug) in step 1 hands its closes to the per-close path instead.
-    ``background``: step 1 runs on one of ``pool``'s threads, so the drain's thread records the
-    page before while this one is prepared (decision 0228); otherwise here and now (a test clock's
+    ``tasks`` is the page's :func:`_start_page_tasks`, bound to its arguments: step 1 and the start of the page's
+    sends and per-close closes. ``background``: it runs on one of ``pool``'s threads, so the drain's thread
+    records the page before while this one is prepared (decision 0228); otherwise here and now (a test clock's
     drain, whose charge locks live on this thread's session).
     """
-
-    def start(_: object = None) -> list[tuple[str, object, Pending]]:
-        return _start_page_tasks(
-            page, pool, charges, close, run=run, as_of=as_of, test_clock_id=test_clock_id, fence=fence
-        )
-
     if background:
-        return _Page(page, None, pool.submit(start, None))
-    return _Page(page, start())
+        return _Page(page, None, pool.submit(_call, tasks))
+    return _Page(page, tasks())
+
+
+def _call(fn: Callable[[], object]) -> object:
+    return fn()
 
 
 def _start_page_tasks(
@@ -447,7 +438,13 @@ def _start_page_tasks(
     test_clock_id: str | None,
     fence: Fence,
 ) -> list[tuple[str, object, Pending]]:
-    """Step 1 of a page and the start of its sends and per-close closes (:func:`_start_page`); the page's tasks."""
+    """Step 1 of a page and the start of its sends and per-close closes; the page's tasks (:func:`_start_page`).
+
+    Plain closes share their step 1 (:mod:`billing.services.page`, unless ``HARDCOUNT_BILLING_PAGE_CLOSE`` is
+    off), and their charges go to ``charges`` (bound to their accounts on step 1's connection first); every other
+    close runs on ``pool`` with the full rules. A database error (or a bug) in step 1 hands its closes to the
+    per-close path instead.
+    """
     prepared, settled, others = [], {}, page
     if settings.HARDCOUNT_BILLING_PAGE_CLOSE:
         try:
