@@ -411,7 +411,7 @@ HARDCOUNT_ROLES = [
     for r in os.environ.get(
         "HARDCOUNT_ROLES",
         "billing.loops.BillingRole,billing.loops.DunningRole,outbox.scheduling.OutboxMaintenanceRole,"
-        "hardcount.loops.IdempotencyMaintenanceRole",
+        "hardcount.loops.IdempotencyMaintenanceRole,hardcount.loops.PartitionMaintenanceRole",
     ).split(",")
     if r.strip()
 ]

@@ -195,3 +195,16 @@ def test_the_months_ahead_metric_reads_the_catalog():
     last = p.months_of(connection.cursor(), partition_specs()[0][0])[-1]
     current = p.month_start(datetime.now(UTC))
     assert ahead["outbox_event"] == (last.year - current.year) * 12 + last.month - current.month
+
+
+def test_the_role_is_configured_by_default():
+    """Without it no month is created past the migration's and no partition is ever retired: the role must run in a
+    deployment that sets nothing."""
+    from django.conf import settings
+
+    from hardcount.scheduler import configured_roles
+
+    assert "hardcount.loops.PartitionMaintenanceRole" in settings.HARDCOUNT_ROLES
+    (role,) = configured_roles(["partition_maintenance"])
+    assert isinstance(role, PartitionMaintenanceRole)
+    assert role.interval_s == 3600.0
