@@ -157,6 +157,18 @@ def test_a_scheduler_killed_between_the_usage_aggregation_and_the_invoice_commit
 def test_two_processes_ingesting_the_same_batch_at_once_store_each_event_once(transactional_db, tmp_path):
     """Two real processes send one batch of 1,000 identified events at the same moment: between them every event is
     accepted once and a duplicate once, the table holds each once, and its usage is each value once."""
+    _race_one_batch(tmp_path, {"DATABASE_URL": database_url()})
+
+
+def test_the_same_race_through_pgbouncer_in_transaction_pooling_stores_each_event_once(
+    transactional_db, tmp_path, bouncer
+):
+    """The insert's savepoint, bound batch and release travel in one pipeline (decision 0229), and the loser's
+    fallback rolls back to that savepoint: both hold through a transaction-pooling PgBouncer too."""
+    _race_one_batch(tmp_path, {"DATABASE_URL": bouncer.url, "HARDCOUNT_DB_TRANSACTION_POOLING": "1"})
+
+
+def _race_one_batch(tmp_path, database_env: dict[str, str]) -> None:
     from hardcount.times import database_now
 
     book = Book(make_card=None)
@@ -175,7 +187,7 @@ def test_two_processes_ingesting_the_same_batch_at_once_store_each_event_once(tr
     ]
     path = tmp_path / "batch.json"
     path.write_text(json.dumps(batch))
-    env = {**os.environ, "DATABASE_URL": database_url(), "HARDCOUNT_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **database_env, "HARDCOUNT_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "tests.system.ingest_once", "--tenant", tenant.id, "--batch", str(path)]
     processes = [
         subprocess.Popen(command, cwd=BASE_DIR, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
