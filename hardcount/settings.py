@@ -376,6 +376,9 @@ HARDCOUNT_BILLING_PAGE_CLOSE = os.environ.get("HARDCOUNT_BILLING_PAGE_CLOSE", "1
 # Usage billing (docs/decisions/0165): a meter event may arrive this many seconds after its time; the
 # invoice that bills a period's usage waits as long after the period's end.
 HARDCOUNT_USAGE_GRACE_S = _env_int("HARDCOUNT_USAGE_GRACE_S", 3600)
+# A close's usage rows sharing one meter (of a sum, count or max formula) and one window, at least this many, are
+# aggregated by one grouped statement, which PostgreSQL may run as a parallel scan (docs/decisions/0230).
+HARDCOUNT_USAGE_GROUPED_MIN = _env_int("HARDCOUNT_USAGE_GROUPED_MIN", 50)
 HARDCOUNT_TAX_PROVIDER = os.environ.get("HARDCOUNT_TAX_PROVIDER", "billing.tax.TableRateTaxProvider")
 
 # Test clocks: parallel closes of one clock's drain (docs/decisions/0080). Read by

@@ -162,12 +162,15 @@ def test_each_formula_aggregates_only_the_events_of_the_period(book, settings):
     assert empty == dict.fromkeys(meters, 0)
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_row", "grouped"])
 def test_a_customer_outside_the_meters_tenant_or_mode_aggregates_nothing_with_its_negative_control(
-    book, settings, monkeypatch
+    book, settings, monkeypatch, grouped
 ):
     """The usage index holds no tenant or mode (decision 0222): the customer's own tenant and mode stand for the
     events'. A row pairing tenant B's customer with tenant A's meter, or with B's live meter, of the same event
-    name, counts none of that customer's events; with B's own test meter it counts them all."""
+    name, counts none of that customer's events; with B's own test meter it counts them all. Both by the per-row
+    statement and by the grouped one (decision 0230)."""
+    settings.HARDCOUNT_USAGE_GROUPED_MIN = 1 if grouped else 10**9
     settings.HARDCOUNT_USAGE_GRACE_S = 40 * 86400
     tenant_a, tenant_b = book.tenant(), book.tenant()
     customer = book.customer(tenant_b)
@@ -203,9 +206,14 @@ def test_a_customer_outside_the_meters_tenant_or_mode_aggregates_nothing_with_it
 
     # Negative control: without the customer's tenant and mode checked against the meter's, the other tenant's
     # meter and the live meter count the test-mode events of tenant B's customer.
-    unchecked = queries.AGGREGATE_USAGE.replace(" AND c.tenant_id = m.tenant_id AND c.livemode = m.livemode", "")
-    assert unchecked != queries.AGGREGATE_USAGE
-    monkeypatch.setattr(queries, "AGGREGATE_USAGE", unchecked)
+    name, check = (
+        ("AGGREGATE_USAGE_GROUPED", "c.tenant_id = %(tenant)s AND c.livemode = %(livemode)s")
+        if grouped
+        else ("AGGREGATE_USAGE", "c.tenant_id = m.tenant_id AND c.livemode = m.livemode")
+    )
+    unchecked = getattr(queries, name).replace(check, "true")
+    assert unchecked != getattr(queries, name)
+    monkeypatch.setattr(queries, name, unchecked)
     leaked = quantities()
     assert leaked["foreign_sum"] == 15 and leaked["live_sum"] == 15 and leaked["foreign_count"] == 3
 
@@ -1003,3 +1011,85 @@ def test_negative_control_a_fast_check_that_takes_any_identifier_disagrees(monke
     raw = {"event_name": "api_calls", "payload": {"v": 2}, "identifier": 7}
     assert usage._shape(0, raw) == ("api_calls", {"v": 2}, None, 7)
     assert usage._shape_checked(0, raw).status == "refused"
+
+
+def _aggregation_book(book, settings):
+    """A tenant with a meter of each formula, five customers with events of each in the past 20 days (a sixth with
+    none), and another tenant's customer with events of the same name; ``(meters, customers, stranger, now)``."""
+    settings.HARDCOUNT_USAGE_GRACE_S = 40 * 86400  # to place the events days back
+    tenant, other = book.tenant(), book.tenant()
+    now = database_now()
+    formulas = ("sum", "count", "max", "last", "unique_count")
+    meters = {
+        f: _meter(tenant, f, event_name=f"ev_{f}", value_key="user" if f == "unique_count" else "value")
+        for f in formulas
+    }
+    customers = [book.customer(tenant) for _ in range(6)]
+    batch = [
+        _event(c, 10 * n + i, now - timedelta(days=1 + 3 * n, minutes=i), name=f"ev_{f}", user=f"u{n % 2}")
+        for i, c in enumerate(customers[:5])
+        for n in range(3 + i)
+        for f in formulas
+    ]
+    assert {r.status for r in _ingest(tenant, batch)} == {"accepted"}
+    stranger = book.customer(other)
+    _meter(other, "sum", event_name="ev_sum")
+    assert {r.status for r in _ingest(other, [_event(stranger, 7, now - DAY, name="ev_sum")])} == {"accepted"}
+    return meters, customers, stranger, now
+
+
+def _wanted(meters, customers, stranger, now):
+    windows = [(now - 20 * DAY, now), (now - 5 * DAY, now - 2 * DAY)]
+    rows = [
+        (f"{f}.{w}.{c.id}.{copy}", c.id, meter.id, *window)
+        for f, meter in meters.items()
+        for w, window in enumerate(windows)
+        for c in [*customers, stranger]
+        for copy in range(2 if c is customers[0] else 1)  # two rows of one customer, as two items of one meter
+    ]
+    return [*rows, ("unknown meter", customers[0].id, "mtr_none", *windows[0])]
+
+
+def test_grouped_and_per_row_aggregation_give_every_row_the_same_quantity(book, settings, monkeypatch):
+    """Rows sharing a meter and a window may be aggregated by one grouped statement (decision 0230): each row's
+    quantity is the per-row statement's, for every formula, another tenant's customer (0), a customer without
+    events (0), two rows of one customer, and a row of no meter (absent)."""
+    meters, customers, stranger, now = _aggregation_book(book, settings)
+    wanted = _wanted(meters, customers, stranger, now)
+    grouped_calls = []
+    grouped_quantities = queries._grouped_quantities
+    monkeypatch.setattr(
+        queries,
+        "_grouped_quantities",
+        lambda meter, *a: grouped_calls.append(meter.formula) or grouped_quantities(meter, *a),
+    )
+
+    settings.HARDCOUNT_USAGE_GROUPED_MIN = 10**9
+    per_row = queries.usage_quantities(wanted)
+    assert grouped_calls == []
+    settings.HARDCOUNT_USAGE_GROUPED_MIN = 1
+    grouped = queries.usage_quantities(wanted)
+
+    assert sorted(grouped_calls) == ["count", "count", "max", "max", "sum", "sum"]
+    assert grouped == per_row
+    assert "unknown meter" not in per_row and len(per_row) == len(wanted) - 1
+    first = customers[0].id
+    # customers[0]'s events: values 0, 10, 20 (users u0, u1, u0) at 1, 4 and 7 days back; the second window holds the
+    # one 4 days back.
+    assert [per_row[f"{f}.0.{first}.0"] for f in meters] == [30, 3, 20, 0, 2]
+    assert [per_row[f"{f}.1.{first}.1"] for f in meters] == [10, 1, 10, 10, 1]
+    assert {per_row[f"{f}.0.{c.id}.0"] for f in meters for c in (customers[5], stranger)} == {0}
+
+
+def test_negative_control_a_grouped_statement_without_the_tenant_check_counts_another_tenants_events(
+    book, settings, monkeypatch
+):
+    meters, customers, stranger, now = _aggregation_book(book, settings)
+    monkeypatch.setattr(
+        queries,
+        "AGGREGATE_USAGE_GROUPED",
+        queries.AGGREGATE_USAGE_GROUPED.replace("c.tenant_id = %(tenant)s AND c.livemode = %(livemode)s", "true"),
+    )
+    settings.HARDCOUNT_USAGE_GROUPED_MIN = 1
+    grouped = queries.usage_quantities(_wanted(meters, customers, stranger, now))
+    assert grouped[f"sum.0.{stranger.id}.0"] == 7
