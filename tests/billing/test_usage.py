@@ -640,8 +640,13 @@ def _billed(subs):
     return out
 
 
-def test_the_page_close_and_the_per_close_path_bill_the_same_usage(book, settings, monkeypatch):
+@pytest.mark.parametrize("grouped_min", [50, 1])
+def test_the_page_close_and_the_per_close_path_bill_the_same_usage(book, settings, monkeypatch, grouped_min):
+    """Both paths bill the same lines, also with every window's rows aggregated by the grouped statement
+    (``grouped_min`` 1, decision 0230) where its formula allows."""
     from billing.services import page
+
+    settings.HARDCOUNT_USAGE_GROUPED_MIN = grouped_min
 
     now = database_now().replace(microsecond=0)
     page_tenant, per_close_tenant = book.tenant("page"), book.tenant("per close")
