@@ -39,3 +39,25 @@ def test_iterating_a_queryset_declares_no_server_side_cursor(db):
         next(rows)
         cursor.execute("SELECT count(*) FROM pg_cursors")
         assert cursor.fetchone()[0] == 0
+
+
+def test_a_bound_cursors_statements_are_counted_and_never_prepared(db):
+    """The server-binding cursor (``billing.queries.bound_cursor``: the meter-event insert, the claim's mark) is of
+    the class django-prometheus gives every cursor, so its statements count in ``django_db_execute_total``, and it
+    prepares nothing on the server either."""
+    from prometheus_client import REGISTRY
+
+    from billing.queries import bound_cursor
+
+    labels = {"alias": connection.alias, "vendor": connection.vendor}
+
+    def executed() -> float:
+        return REGISTRY.get_sample_value("django_db_execute_total", labels) or 0.0
+
+    before = executed()
+    for n in range(8):
+        with bound_cursor() as cursor:
+            cursor.execute("SELECT %s::int + 1", [n])
+            assert cursor.fetchone() == (n + 1,)
+    assert executed() == before + 8
+    assert _prepared_on_this_session() == 0

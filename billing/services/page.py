@@ -169,7 +169,7 @@ def prepare_page(
             if sub.id in bounds and (sub.id, bounds[sub.id][0]) not in taken and sub.customer_id not in pending
         ]
         sub_items = items_by_subscription(sub.id for sub in plain)
-        usage = usage_lines_for([(sub, sub_items[sub.id]) for sub in plain])  # one statement for the page
+        usage = usage_lines_for([(sub, sub_items[sub.id]) for sub in plain])  # the page's aggregation at once
         if hooks.after_usage:
             for sub in plain:
                 hooks.after_usage(sub.id, usage.get(sub.id, []))

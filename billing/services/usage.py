@@ -6,7 +6,7 @@ https://docs.stripe.com/products-prices/pricing-models#tiered-pricing). Decision
 0166 (metered prices and their charge models), 0167 (what this first version leaves out).
 
 A period's usage is billed in arrears: the cycle invoice of period n+1 carries the usage of period n,
-aggregated by one statement per close or page (:func:`usage_lines_for`) inside the transaction that
+aggregated set-wise per close or page (:func:`usage_lines_for`) inside the transaction that
 writes the invoice, so the invoice's unique index on (subscription, period) makes it exactly once.
 """
 
@@ -265,10 +265,11 @@ def usage_lines_for(closes: list[tuple[Subscription, list[SubscriptionItem]]]) -
     """The unsaved usage lines of each close ``(subscription, its items with prices)``, keyed by subscription id.
 
     One line per metered item: its meter's quantity over the customer's events of :func:`usage_period`,
-    priced by :func:`usage_amount`; one statement for all of ``closes``
-    (:func:`billing.queries.aggregate_usage`). Subscriptions without metered items, or on their first
-    period, get no lines, except a first period of metered items only: one line of no usage per item,
-    over that period (docs/decisions/0166). Call it inside the transaction that writes the invoice.
+    priced by :func:`usage_amount`; aggregated for all of ``closes`` at once
+    (:func:`billing.queries.aggregate_usage`: one statement, and one more per large window, decision 0230).
+    Subscriptions without metered items, or on their first period, get no lines, except a first period of
+    metered items only: one line of no usage per item, over that period (docs/decisions/0166). Call it inside
+    the transaction that writes the invoice.
     """
     wanted, found = [], {}
     lines: dict[str, list[InvoiceLineItem]] = {}

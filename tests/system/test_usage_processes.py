@@ -163,8 +163,8 @@ def test_two_processes_ingesting_the_same_batch_at_once_store_each_event_once(tr
 def test_the_same_race_through_pgbouncer_in_transaction_pooling_stores_each_event_once(
     transactional_db, tmp_path, bouncer
 ):
-    """The insert's savepoint, bound batch and release travel in one pipeline (decision 0229), and the loser's
-    fallback rolls back to that savepoint: both hold through a transaction-pooling PgBouncer too."""
+    """The insert's bound batch between its savepoint and release (decision 0229), and the loser's fallback to that
+    savepoint, hold through a transaction-pooling PgBouncer too."""
     _race_one_batch(tmp_path, {"DATABASE_URL": bouncer.url, "HARDCOUNT_DB_TRANSACTION_POOLING": "1"})
 
 
