@@ -61,10 +61,17 @@ from billing.services.payments import (
     settle_without_charge_locked,
     write_billing_attempt,
 )
-from billing.services.usage import bill_final_usage_locked, hold_reason, usage_before_schedule_locked, usage_lines_for
+from billing.services.usage import (
+    HOLD_AMOUNT_TOO_LARGE,
+    bill_final_usage_locked,
+    hold_reason,
+    usage_before_schedule_locked,
+    usage_lines_for,
+)
 from billing.tax import TaxableInvoice, TaxQuote, TaxUnavailable, get_tax_provider
 from hardcount.fencing import NO_FENCE, Fence, LeaseLost
 from hardcount.ids import PREFIXES, new_id
+from hardcount.money import MAX_AMOUNT
 from outbox import services as outbox_services
 
 log = logging.getLogger("billing.close")
@@ -299,6 +306,8 @@ def _prepare(
         if invoice.status == Invoice.DRAFT and not finalize_or_pend_locked(
             invoice, now=now, customer=customer, lines=lines
         ):
+            if invoice.hold_reason:
+                return _held_locked(sub, invoice, run, now)
             return _tax_pending_locked(sub, invoice, run, now)
         if invoice.status in (Invoice.PAID, Invoice.UNCOLLECTIBLE):
             # Settled but not advanced (cannot happen through the close; defensive).
@@ -437,6 +446,8 @@ def finalize_or_pend_locked(
 
     The discount first (:func:`billing.services.discounts.apply_discount_locked`, on ``lines`` and
     the invoice). When the tax provider cannot answer, the invoice stays a draft with ``tax_status=pending``
+    and False is returned. When its tax carries the total above what one payment can take
+    (:data:`hardcount.money.MAX_AMOUNT`), the draft is held for an operator (``hold_reason``, decision 0231)
     and False is returned. Finalising: ``total = subtotal - total_discount + tax``, the balance applied to the
     total (:func:`billing.services.ledger.apply_balance_locked`), the next gapless number,
     status ``open``, ``invoice.finalized``. The amounts are frozen from here on. ``customer``:
@@ -452,6 +463,14 @@ def finalize_or_pend_locked(
         invoice.save(update_fields=["tax_status", "discount", "total_discount", "total", "amount_due"])
         return False
     apply_tax(invoice, quote)
+    if invoice.total > MAX_AMOUNT:
+        # The request's ceiling checks the subtotal (decision 0198); tax can still carry the total past it. Held as
+        # usage beyond a payment is (0217), before any balance is taken for it.
+        invoice.hold_reason = HOLD_AMOUNT_TOO_LARGE
+        invoice.amount_due = invoice.total
+        invoice.save()
+        log.warning("invoice %s held for review: %s after tax, beyond %s", invoice.id, invoice.total, MAX_AMOUNT)
+        return False
     apply_balance_locked(customer, invoice, at=now)
     mark_finalized(invoice, number=next_invoice_number(invoice.tenant_id, invoice.livemode), now=now)
     invoice.save()

@@ -760,7 +760,8 @@ def reconcile(*, livemode: bool, fence: Fence = NO_FENCE, limit: int = 500) -> d
 
 
 def _reconcile_tax(invoice_id: str, fence: Fence) -> str:
-    """``finalized`` (and charged), ``pending`` (provider still down) or ``skipped``."""
+    """``finalized`` (and charged), ``pending`` (provider still down), ``held`` (its tax carried it past one
+    payment: left to an operator, decision 0231) or ``skipped``."""
     with charging():
         return _reconcile_tax_charging(invoice_id, fence)
 
@@ -781,7 +782,7 @@ def _reconcile_tax_charging(invoice_id: str, fence: Fence) -> str:
         if sub is not None and pausing.collection_paused(sub, now=now):
             return "skipped"  # finalised and charged once collection resumes
         if not finalize_or_pend_locked(invoice, now=now):
-            return "pending"
+            return "held" if invoice.hold_reason else "pending"
         customer = customer_locked(invoice.customer_id)
         if needs_no_charge(invoice):
             settle_without_charge_locked(invoice, customer, now=now)

@@ -95,6 +95,7 @@ from dunning import services as dunning_services
 from dunning.schedule import next_retry_at
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
+from hardcount.money import MAX_AMOUNT
 from hardcount.times import iso
 from outbox import services as outbox_services
 from outbox.services import emit_for
@@ -194,6 +195,8 @@ def prepare_page(
             if quote is None:
                 continue
             apply_tax(invoice, quote)
+            if invoice.total > MAX_AMOUNT:
+                continue  # tax carried it past one payment: held by the per-close path (decision 0231)
             set_balance_applied(customer, invoice)
             if needs_no_charge(invoice) and invoice.amount_due != 0:
                 continue  # under the minimum: carried to the balance under the per-close path's ledger rules

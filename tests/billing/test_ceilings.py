@@ -7,8 +7,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from billing.models import Invoice, InvoiceItem, Subscription, SubscriptionItem, TestClock
-from billing.services.drain import drain_due
+from billing.models import (
+    BillingAttempt,
+    Invoice,
+    InvoiceItem,
+    PaymentAttempt,
+    Subscription,
+    SubscriptionItem,
+    TestClock,
+)
+from billing.services.drain import drain_due, reconcile
 from hardcount.money import MAX_AMOUNT
 from tests.api.conftest import Api, make_keys
 from tests.billing.conftest import events
@@ -178,3 +186,102 @@ def test_a_preview_of_a_change_past_the_ceiling_is_refused_as_the_change_would_b
     status, body = preview([{"price": fits}], "none")
     assert status == 200, body
     assert body["subtotal"] == MAX_AMOUNT
+
+
+# -- tax past the ceiling at the close (decision 0231) --------------------------------------------------------------
+
+TAXED_OVER = 90_000_000  # under the ceiling; with 20 % tax 108,000,000, over it
+
+
+@pytest.fixture(params=["page", "per_close"])
+def page_close(request, settings):
+    settings.HARDCOUNT_BILLING_PAGE_CLOSE = request.param == "page"
+    return request.param
+
+
+def _intent_amounts(stripe_proxy) -> list[str]:
+    return [entry.request.params["amount"] for entry in stripe_proxy.entries("POST /v1/payment_intents")]
+
+
+def test_tax_that_carries_an_invoice_past_one_payment_holds_it_and_the_period_closes(
+    book, settings, stripe_proxy, page_close
+):
+    """The request's ceiling checks the subtotal; a 20 % tax then carries 90,000,000 to 108,000,000, which no
+    PaymentIntent takes. The close holds that draft for an operator (as usage beyond a payment, decision 0217),
+    advances the period and charges nothing for it; the tenant's other subscription is billed as usual."""
+    settings.HARDCOUNT_TAX_RATES_BPS = {"usd": 2000}
+    tenant = book.tenant()
+    big, small = book.subscribed(tenant, amount=TAXED_OVER), book.subscribed(tenant, amount=1000)
+
+    run = drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+
+    invoice = Invoice.objects.get(subscription=big)
+    assert (invoice.status, invoice.hold_reason, invoice.number) == ("draft", "amount_too_large", None)
+    assert (invoice.subtotal, invoice.tax, invoice.total, invoice.amount_due) == (
+        TAXED_OVER,
+        18_000_000,
+        108_000_000,
+        108_000_000,
+    )
+    assert not PaymentAttempt.objects.filter(invoice=invoice).exists()
+    big.refresh_from_db()
+    assert (big.periods_billed, big.billing_failure_count, big.last_billing_error) == (1, 0, "")
+    assert BillingAttempt.objects.get(run=run, subscription=big).outcome == "held"
+    assert Invoice.objects.get(subscription=small).status == "paid"
+    assert _intent_amounts(stripe_proxy) == ["1200"]
+    run.refresh_from_db()
+    assert (run.billed, run.failed) == (2, 0)
+
+
+def test_negative_control_without_the_hold_the_taxed_invoice_is_charged_and_refused(
+    book, settings, stripe_proxy, monkeypatch
+):
+    """With the check raised out of reach, the same invoice is finalised and sent, and the strict Stripe refuses
+    the PaymentIntent (amount_too_large): a charge that can never succeed, put on the retry ladder."""
+    from billing.services import close, page
+
+    monkeypatch.setattr(close, "MAX_AMOUNT", 10**12)
+    monkeypatch.setattr(page, "MAX_AMOUNT", 10**12)
+    settings.HARDCOUNT_TAX_RATES_BPS = {"usd": 2000}
+    tenant = book.tenant()
+    sub = book.subscribed(tenant, amount=TAXED_OVER)
+
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+
+    invoice = Invoice.objects.get(subscription=sub)
+    assert (invoice.status, invoice.hold_reason) == ("open", "")
+    assert _intent_amounts(stripe_proxy) == ["108000000"]
+    sub.refresh_from_db()
+    assert list(PaymentAttempt.objects.filter(invoice=invoice).values_list("outcome", flat=True)) == ["error"]
+    assert sub.billing_failure_count == 1
+    assert "Amount must be no more than 99,999,999" in sub.last_billing_error
+
+
+def test_the_tax_reconciler_holds_what_its_tax_carries_past_one_payment_and_goes_on(book, settings, stripe_proxy):
+    """A draft left pending by a tax outage is taxed by the reconciler once the provider answers: one carried past
+    the ceiling is held (not charged), and the pass goes on to finalise and charge the next."""
+    settings.HARDCOUNT_TAX_PROVIDER = "tests.billing.fakes.DownTaxProvider"
+    tenant = book.tenant()
+    big = book.subscribed(tenant, amount=TAXED_OVER)
+    small = book.subscribed(tenant, amount=1000)
+    drain_due(livemode=False, trigger="manual", tenant_id=tenant.id)
+    assert set(Invoice.objects.filter(tenant=tenant).values_list("tax_status", flat=True)) == {"pending"}
+
+    settings.HARDCOUNT_TAX_PROVIDER = "billing.tax.TableRateTaxProvider"
+    settings.HARDCOUNT_TAX_RATES_BPS = {"usd": 2000}
+    counts = reconcile(livemode=False)
+
+    held = Invoice.objects.get(subscription=big)
+    assert (held.status, held.hold_reason, held.tax_status, held.total) == (
+        "draft",
+        "amount_too_large",
+        "calculated",
+        108_000_000,
+    )
+    assert Invoice.objects.get(subscription=small).status == "paid"
+    assert (counts["tax_finalized"], counts["tax_pending"]) == (1, 0)
+    assert _intent_amounts(stripe_proxy) == ["1200"]
+    # A held draft is no longer pending: the next pass leaves it alone.
+    assert reconcile(livemode=False)["tax_finalized"] == 0
+    held.refresh_from_db()
+    assert held.status == "draft"
