@@ -463,10 +463,7 @@ def finalize_or_pend_locked(
         invoice.save(update_fields=["tax_status", "discount", "total_discount", "total", "amount_due"])
         return False
     apply_tax(invoice, quote)
-    if invoice.total > MAX_AMOUNT:
-        # The request's ceiling checks the subtotal (decision 0198); tax can still carry the total past it. Held as
-        # usage beyond a payment is (0217), before any balance is taken for it.
-        invoice.hold_reason = HOLD_AMOUNT_TOO_LARGE
+    if invoice.hold_reason:  # held before any balance is taken for it
         invoice.amount_due = invoice.total
         invoice.save()
         log.warning("invoice %s held for review: %s after tax, beyond %s", invoice.id, invoice.total, MAX_AMOUNT)
@@ -506,11 +503,16 @@ def tax_quote(invoice: Invoice) -> TaxQuote | None:
 
 def apply_tax(invoice: Invoice, quote: TaxQuote) -> None:
     """Set the invoice's tax from ``quote`` and ``total = subtotal - total_discount + tax`` (minor units of its
-    currency)."""
+    currency); a total above what one payment can take (:data:`hardcount.money.MAX_AMOUNT`) sets ``hold_reason``,
+    and both close paths then leave the draft to an operator (decision 0231)."""
     invoice.tax = quote.amount
     invoice.tax_rate_bps = quote.rate_bps
     invoice.tax_status = Invoice.TAX_CALCULATED if quote.applicable else Invoice.TAX_NOT_APPLICABLE
     invoice.total = invoice.subtotal - invoice.total_discount + invoice.tax
+    if invoice.total > MAX_AMOUNT:
+        # The request's ceiling checks the subtotal (decision 0198); tax can still carry the total past it. Held as
+        # usage beyond a payment is (0217).
+        invoice.hold_reason = HOLD_AMOUNT_TOO_LARGE
 
 
 def mark_finalized(invoice: Invoice, *, number: int, now: datetime) -> None:

@@ -95,7 +95,6 @@ from dunning import services as dunning_services
 from dunning.schedule import next_retry_at
 from hardcount.bulk import insert_models, update_models
 from hardcount.fencing import Fence
-from hardcount.money import MAX_AMOUNT
 from hardcount.times import iso
 from outbox import services as outbox_services
 from outbox.services import emit_for
@@ -195,7 +194,7 @@ def prepare_page(
             if quote is None:
                 continue
             apply_tax(invoice, quote)
-            if invoice.total > MAX_AMOUNT:
+            if invoice.hold_reason:
                 continue  # tax carried it past one payment: held by the per-close path (decision 0231)
             set_balance_applied(customer, invoice)
             if needs_no_charge(invoice) and invoice.amount_due != 0:

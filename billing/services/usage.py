@@ -637,7 +637,7 @@ def _shape(index: int, raw) -> tuple | EventResult:
 
     A well-formed event, the usual case, is recognised by one conjunction of exact-type checks; anything else
     (including every event this refuses) goes through :func:`_shape_checked`, which names the first fault. Both
-    accept exactly the same events (decision 0229; ``tests/billing/test_usage_limits.py`` holds the refusals).
+    accept exactly the same events (decision 0229; ``tests/billing/test_usage.py`` holds the two to each other).
     """
     if type(raw) is dict and _EVENT_KEYS.issuperset(raw):
         name = raw.get("event_name")

@@ -238,10 +238,9 @@ def test_negative_control_without_the_hold_the_taxed_invoice_is_charged_and_refu
 ):
     """With the check raised out of reach, the same invoice is finalised and sent, and the strict Stripe refuses
     the PaymentIntent (amount_too_large): a charge that can never succeed, put on the retry ladder."""
-    from billing.services import close, page
+    from billing.services import close
 
-    monkeypatch.setattr(close, "MAX_AMOUNT", 10**12)
-    monkeypatch.setattr(page, "MAX_AMOUNT", 10**12)
+    monkeypatch.setattr(close, "MAX_AMOUNT", 10**12)  # the one check, in apply_tax, which both close paths share
     settings.HARDCOUNT_TAX_RATES_BPS = {"usd": 2000}
     tenant = book.tenant()
     sub = book.subscribed(tenant, amount=TAXED_OVER)
